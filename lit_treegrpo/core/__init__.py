@@ -1,0 +1,46 @@
+"""The TreeGRPO engine in pure torch: no Lightning, no diffusers (a test enforces it).
+
+- :mod:`.steps`: one denoising transition as a Gaussian policy (flow SDE / ODE, DDIM).
+- :mod:`.spec`: :class:`TreeSpec`, which steps branch, and window schedules.
+- :mod:`.rollout`: grow the tree, one batched model call per depth; recompute edge log-probs.
+- :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
+- :mod:`.pruning`: width / depth pruning -> edge masks.
+- :mod:`.loss`: :class:`ClippedPolicyLoss`.
+"""
+
+from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
+from .loss import ClippedPolicyLoss, LossOutput
+from .pruning import PruningConfig, prune
+from .rollout import (
+    EdgeLogProbs,
+    RolloutTree,
+    index_cond,
+    recompute_log_probs,
+    rollout,
+    source_minibatches,
+)
+from .spec import TreeSpec, WindowSchedule
+from .steps import StepOutput, ddim_step, flow_sde_step, gaussian_log_prob
+
+__all__ = [
+    "METHODS",
+    "ClippedPolicyLoss",
+    "EdgeLogProbs",
+    "LossOutput",
+    "PruningConfig",
+    "RolloutTree",
+    "StepOutput",
+    "TreeSpec",
+    "WindowSchedule",
+    "combine_rewards",
+    "ddim_step",
+    "flow_sde_step",
+    "gaussian_log_prob",
+    "index_cond",
+    "normalize_per_group",
+    "prune",
+    "recompute_log_probs",
+    "rollout",
+    "source_minibatches",
+    "tree_advantages",
+]

@@ -1,0 +1,254 @@
+"""Turn leaf rewards into one advantage per recorded edge (stochastic transition) of the tree.
+
+Input is the plain-tensor tree description :class:`~lit_treegrpo.core.rollout.RolloutTree`
+exposes; nothing here loops over nodes in Python. The tree is flattened into (leaf, edge) *path
+pairs*, one per edge on each leaf's root-to-leaf path, and every estimator is a few scatter
+reductions over those pairs (or, for the softmax backup, one pass per depth level).
+
+Leaf normalisation (all methods but ``branch_fusion``): per prompt over all of its leaves,
+``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO, Flow-GRPO). With several reward
+columns each column is normalised per prompt first and the weighted sum is normalised again
+(TreeGRPO's ``r = sum_k w_k (R_k - mu_k) / sigma_k``).
+
+Methods (A(e) is the advantage of edge e; "leaves below e" are the leaves whose path contains e):
+
+``"mean"`` (TreeGRPO code)
+    A(e) = mean of ``a`` over the leaves below e. On a flat tree (chains) every edge of a
+    trajectory gets that trajectory's normalised reward, i.e. flat GRPO.
+``"logprob_softmax"`` (TreeGRPO paper, Alg. 1)
+    V(leaf edge) = a; V(e) = sum_c softmax_c(old_log_prob[c]) V(c) over the children c of e;
+    A(e) = V(e).
+``"branch_fusion"`` (BranchGRPO eq. 7-8)
+    F(e) = sum_l w_l r_l over leaves l below e, w = softmax_l(beta * sum of old_log_prob of the
+    edges strictly below e on the path to l), r the raw (or weighted-normalised, for several
+    columns) reward; then A(e) = (F(e) - mu) / (sigma + eps) over the edges of the same prompt and
+    depth. A group of one edge, or with sigma < 1e-6, gets 0.
+``"parent_relative"`` (the original design notes)
+    A(e) = M(e) - M(parent(e)) with M as in ``"mean"`` and M(-1) = mean of ``a`` over the prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
+METHODS: tuple[str, ...] = ("mean", "logprob_softmax", "branch_fusion", "parent_relative")
+_DEPTH_STD_FLOOR = 1e-6  # BranchGRPO: a depth group with smaller spread carries no signal
+
+
+def _segment_sum(values: Tensor, index: Tensor, size: int) -> Tensor:
+    """Sum ``values`` [N, ...] into ``size`` segments by ``index`` [N]."""
+    out = values.new_zeros((size,) + values.shape[1:])
+    return out.index_add_(0, index, values)
+
+
+def _segment_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
+    """Softmax of ``logits`` [N] within each segment of ``index`` [N] (max-subtracted)."""
+    seg_max = torch.full((size,), float("-inf"), dtype=logits.dtype, device=logits.device)
+    seg_max = seg_max.scatter_reduce(0, index, logits, reduce="amax")  # [size]
+    e = torch.exp(logits - seg_max[index])  # [N]
+    return e / _segment_sum(e, index, size)[index]  # [N]
+
+
+def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(v - mean) / (std + eps)`` within each group, population std; columns independently.
+
+    Shapes: values [L] or [L, K]; group [L] long (ids need not be contiguous) -> like ``values``.
+    """
+    _, g = torch.unique(group, return_inverse=True)  # [L] contiguous ids
+    G = int(g.max()) + 1 if g.numel() else 0
+    v = values.double()  # float64: leaf counts are small, and cancellation in var would hurt
+    count = _segment_sum(torch.ones_like(v), g, G)  # [G, (K)]
+    mean = _segment_sum(v, g, G) / count  # [G, (K)]
+    var = _segment_sum((v - mean[g]).square(), g, G) / count  # [G, (K)] population variance
+    return ((v - mean[g]) / (var.sqrt()[g] + eps)).to(values.dtype)
+
+
+def combine_rewards(
+    leaf_rewards: Tensor, leaf_prompt: Tensor, weights: Tensor | None = None, eps: float = 1e-8
+) -> Tensor:
+    """One score per leaf: a [L] reward as is; [L, K] rewards normalised per prompt and column,
+    then weighted (``weights`` [K], default all ones)."""
+    if leaf_rewards.ndim == 1:
+        if weights is not None:
+            raise ValueError("reward weights need [L, K] rewards, got a single reward column")
+        return leaf_rewards
+    K = leaf_rewards.shape[1]
+    w = torch.ones(K, dtype=leaf_rewards.dtype, device=leaf_rewards.device)
+    if weights is not None:
+        w = torch.as_tensor(weights, dtype=leaf_rewards.dtype, device=leaf_rewards.device)
+        if w.shape != (K,):
+            raise ValueError(f"reward weights have shape {tuple(w.shape)}, expected [{K}]")
+    return normalize_per_group(leaf_rewards, leaf_prompt, eps) @ w  # [L]
+
+
+class PathPairs(NamedTuple):
+    """The tree flattened into one (leaf, edge) pair per edge on each leaf's path."""
+
+    leaf: Tensor  # [Q] leaf index of the pair
+    edge: Tensor  # [Q] edge index of the pair
+    edges_below: Tensor  # [Q] recorded edges strictly below `edge` on the path to `leaf`
+    log_prob_below: Tensor  # [Q] sum of old log-probs of those edges (0 if not given)
+
+
+def path_pairs(
+    edge_parent: Tensor, leaf_edge: Tensor, edge_old_log_prob: Tensor | None = None
+) -> PathPairs:
+    """Walk every leaf's path upward, one vectorised step per depth level."""
+    cols = [leaf_edge]  # column j: the ancestor j recorded edges above the leaf edge
+    cur = leaf_edge
+    while True:
+        cur = torch.where(cur >= 0, edge_parent[cur.clamp(min=0)], cur)  # [L]
+        if not bool((cur >= 0).any()):
+            break
+        cols.append(cur)
+    path = torch.stack(cols, dim=1)  # [L, D]
+    valid = path >= 0  # [L, D]
+    lp = torch.zeros(path.shape, dtype=torch.float64, device=path.device)  # [L, D]
+    if edge_old_log_prob is not None:
+        lp = torch.where(valid, edge_old_log_prob.double()[path.clamp(min=0)], lp)
+    lp_below = torch.cumsum(lp, dim=1) - lp  # [L, D] exclusive: edges strictly below column j
+    leaf_idx, col = valid.nonzero(as_tuple=True)  # [Q]
+    return PathPairs(leaf_idx, path[leaf_idx, col], col, lp_below[leaf_idx, col])
+
+
+def tree_advantages(
+    leaf_rewards: Tensor,
+    edge_parent: Tensor,
+    leaf_edge: Tensor,
+    leaf_prompt: Tensor,
+    *,
+    method: AdvantageMethod = "mean",
+    edge_old_log_prob: Tensor | None = None,
+    beta: float = 1.0,
+    eps: float = 1e-8,
+    reward_weights: Tensor | None = None,
+    clip: float | None = None,
+) -> Tensor:
+    """Per-edge advantages from leaf rewards; see the module docstring for the methods.
+
+    Args:
+        leaf_rewards: [L] rewards, or [L, K] reward columns (normalised per column, then weighted).
+        edge_parent: [E] previous recorded edge on the path, -1 for none.
+        leaf_edge: [L] last recorded edge above each leaf.
+        leaf_prompt: [L] normalisation group (prompt) of each leaf.
+        method: ``"mean"``, ``"logprob_softmax"``, ``"branch_fusion"`` or ``"parent_relative"``.
+        edge_old_log_prob: [E] sampling-time log-probs; needed by ``logprob_softmax`` and by
+            ``branch_fusion`` with ``beta != 0``.
+        beta: path-probability temperature of ``branch_fusion`` (0: uniform mean of rewards).
+        eps: added to standard deviations.
+        reward_weights: [K] weights of the reward columns (default all ones).
+        clip: clamp advantages to ``[-clip, clip]`` (BranchGRPO clips at 5); ``None`` leaves them.
+
+    Returns:
+        [E] float32 advantages, in edge order.
+
+    Raises:
+        ValueError: non-finite rewards (naming the leaves and prompts), inconsistent shapes, an
+            edge without any leaf below it, or a missing ``edge_old_log_prob``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"advantage method must be one of {', '.join(METHODS)}; got {method!r}")
+    E, L = edge_parent.shape[0], leaf_edge.shape[0]
+    if leaf_rewards.shape[0] != L or leaf_prompt.shape != (L,):
+        raise ValueError(
+            f"leaf_rewards {tuple(leaf_rewards.shape)}, leaf_edge {tuple(leaf_edge.shape)} and "
+            f"leaf_prompt {tuple(leaf_prompt.shape)} must agree on the number of leaves"
+        )
+    bad = ~torch.isfinite(leaf_rewards.reshape(L, -1)).all(dim=1)  # [L]
+    if bool(bad.any()):
+        leaves = bad.nonzero().squeeze(1)
+        raise ValueError(
+            f"non-finite rewards for {leaves.numel()} of {L} leaves (leaves "
+            f"{leaves[:8].tolist()}, prompts {sorted(set(leaf_prompt[leaves].tolist()))[:8]})"
+        )
+    needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)
+    if needs_lp and (edge_old_log_prob is None or edge_old_log_prob.shape != (E,)):
+        raise ValueError(f"method {method!r} needs edge_old_log_prob of shape [{E}]")
+    if E == 0:
+        return torch.zeros(0, dtype=torch.float32, device=edge_parent.device)
+
+    score = combine_rewards(leaf_rewards, leaf_prompt, reward_weights, eps).double()  # [L]
+    pairs = path_pairs(edge_parent, leaf_edge, edge_old_log_prob if needs_lp else None)
+    leaves_below = _segment_sum(torch.ones_like(pairs.edge, dtype=torch.float64), pairs.edge, E)
+    if bool((leaves_below == 0).any()):
+        orphan = (leaves_below == 0).nonzero().squeeze(1)[:8].tolist()
+        raise ValueError(f"edges {orphan} have no leaf below them; the tree description is broken")
+    edge_prompt = torch.zeros(E, dtype=torch.long, device=edge_parent.device)
+    edge_prompt[pairs.edge] = leaf_prompt[pairs.leaf]  # [E]
+
+    if method == "branch_fusion":
+        weights = _segment_softmax(beta * pairs.log_prob_below, pairs.edge, E)  # [Q]
+        fused = _segment_sum(weights * score[pairs.leaf], pairs.edge, E)  # [E]
+        adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps)
+    else:
+        a = normalize_per_group(score, leaf_prompt, eps)  # [L]
+        mean_below = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
+        if method == "mean":
+            adv = mean_below
+        elif method == "parent_relative":
+            prompt_mean = _segment_sum(a, leaf_prompt, int(leaf_prompt.max()) + 1)
+            prompt_mean = prompt_mean / torch.bincount(leaf_prompt).clamp(min=1)  # [P]
+            parent_value = torch.where(
+                edge_parent >= 0, mean_below[edge_parent.clamp(min=0)], prompt_mean[edge_prompt]
+            )
+            adv = mean_below - parent_value
+        else:
+            adv = _softmax_backup(a, leaf_edge, edge_parent, edge_old_log_prob, pairs, E)
+    adv = adv.float()
+    if clip is not None:
+        adv = adv.clamp(-clip, clip)
+    return adv
+
+
+def _depth_from_pairs(pairs: PathPairs, num_edges: int) -> Tensor:
+    """[E] number of recorded ancestors of each edge (path length above it)."""
+    path_len = _segment_sum(torch.ones_like(pairs.leaf), pairs.leaf, int(pairs.leaf.max()) + 1)
+    depth = path_len[pairs.leaf] - 1 - pairs.edges_below  # [Q]
+    out = torch.zeros(num_edges, dtype=torch.long, device=depth.device)
+    out[pairs.edge] = depth
+    return out
+
+
+def _normalize_depthwise(values: Tensor, prompt: Tensor, depth: Tensor, eps: float) -> Tensor:
+    """BranchGRPO's depth-wise normalisation over edges of the same (prompt, depth)."""
+    group = prompt * (int(depth.max()) + 1) + depth  # [E]
+    _, g = torch.unique(group, return_inverse=True)
+    G = int(g.max()) + 1
+    count = _segment_sum(torch.ones_like(values), g, G)  # [G]
+    mean = _segment_sum(values, g, G) / count
+    std = (_segment_sum((values - mean[g]).square(), g, G) / count).sqrt()  # [G] population
+    degenerate = (count < 2) | (std < _DEPTH_STD_FLOOR)  # [G]
+    out = (values - mean[g]) / (std[g] + eps)
+    return torch.where(degenerate[g], torch.zeros_like(out), out)
+
+
+def _softmax_backup(
+    a: Tensor,
+    leaf_edge: Tensor,
+    edge_parent: Tensor,
+    edge_old_log_prob: Tensor | None,
+    pairs: PathPairs,
+    E: int,
+) -> Tensor:
+    """TreeGRPO's post-order backup, one vectorised pass per depth level (deepest first)."""
+    assert edge_old_log_prob is not None  # checked by the caller
+    depth = _depth_from_pairs(pairs, E)  # [E]
+    ends = leaf_edge >= 0  # [L] leaves below at least one edge
+    a_end, end_edge = a[ends], leaf_edge[ends]
+    has_leaf = _segment_sum(torch.ones_like(a_end), end_edge, E)  # [E] leaves ending on the edge
+    value = _segment_sum(a_end, end_edge, E) / has_leaf.clamp(min=1)  # [E] leaf edges: mean a
+    lp = edge_old_log_prob.double()
+    has_parent = edge_parent >= 0
+    for d in range(int(depth.max()), 0, -1):
+        child = ((depth == d) & has_parent).nonzero().squeeze(1)  # [C] edges at depth d
+        parent = edge_parent[child]  # [C]
+        w = _segment_softmax(lp[child], parent, E)  # [C] softmax over siblings
+        backed = _segment_sum(w * value[child], parent, E)  # [E], nonzero at parents only
+        is_parent = torch.zeros(E, dtype=torch.bool, device=a.device)
+        is_parent[parent] = True
+        value = torch.where(is_parent, backed, value)
+    return value

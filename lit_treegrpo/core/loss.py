@@ -1,0 +1,140 @@
+"""PPO-style clipped policy-gradient loss over recorded tree edges (GRPO without a critic).
+
+Per edge i with importance ratio ``rho_i = exp(log_prob_i - old_log_prob_i)`` and advantage
+``A_i`` clamped to ``[-adv_clip, adv_clip]``::
+
+    l_i = max(-A_i rho_i, -A_i clamp(rho_i, 1 - clip_range, 1 + clip_range_high))
+        + kl_beta * mean_elements((mean_i - ref_mean_i)^2) / (2 std_i^2)
+
+The KL term is Flow-GRPO's closed form between the policy's and the reference model's Gaussians of
+the same step (same std). Aggregation over edges: each edge belongs to a *group* (its parent node,
+whose k children share one forward); ``aggregation="sum"`` sums the k child losses of a parent as
+TreeGRPO's code does (``loss_agg: sum``), ``"mean"`` averages them; the result is averaged over
+groups. Without groups every edge is its own group (flat GRPO: both are the plain mean).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+Aggregation = Literal["sum", "mean"]
+
+
+class LossOutput(NamedTuple):
+    """The loss to backpropagate and its statistics (detached scalars)."""
+
+    loss: Tensor  # [] with grad
+    policy_loss: Tensor  # [] policy part of ``loss``
+    kl: Tensor  # [] KL part before ``kl_beta`` (0 when kl_beta == 0)
+    ratio_mean: Tensor  # [] mean importance ratio
+    clip_frac: Tensor  # [] fraction of edges whose ratio lies outside the clip range
+    approx_kl: Tensor  # [] 0.5 * mean((log_prob - old_log_prob)^2), the policy drift
+
+
+class ClippedPolicyLoss(nn.Module):
+    """Clipped surrogate loss with advantage clipping and optional KL to a reference policy.
+
+    Args:
+        clip_range: lower clip ``epsilon`` of the ratio (1e-4 as TreeGRPO / Flow-GRPO; log-probs
+            are per-element means, so ratios move very little).
+        adv_clip: clamp advantages to ``[-adv_clip, adv_clip]`` (5 in every peer).
+        kl_beta: weight of the KL to the reference mean; 0 disables it (TreeGRPO, DanceGRPO).
+        clip_range_high: upper clip; ``None`` means ``clip_range`` (symmetric).
+        aggregation: ``"sum"`` or ``"mean"`` over the children of a parent, see the module doc.
+    """
+
+    def __init__(
+        self,
+        clip_range: float = 1e-4,
+        adv_clip: float = 5.0,
+        kl_beta: float = 0.0,
+        clip_range_high: float | None = None,
+        aggregation: Aggregation = "sum",
+    ) -> None:
+        super().__init__()
+        if clip_range <= 0:
+            raise ValueError(f"loss.clip_range must be > 0, got {clip_range}")
+        if clip_range_high is not None and clip_range_high <= 0:
+            raise ValueError(f"loss.clip_range_high must be > 0, got {clip_range_high}")
+        if adv_clip <= 0:
+            raise ValueError(f"loss.adv_clip must be > 0, got {adv_clip}")
+        if kl_beta < 0:
+            raise ValueError(f"loss.kl_beta must be >= 0, got {kl_beta}")
+        if aggregation not in ("sum", "mean"):
+            raise ValueError(f"loss.aggregation must be 'sum' or 'mean', got {aggregation!r}")
+        self.clip_low = clip_range
+        self.clip_high = clip_range if clip_range_high is None else clip_range_high
+        self.adv_clip = adv_clip
+        self.kl_beta = kl_beta
+        self.aggregation = aggregation
+
+    def forward(
+        self,
+        log_prob: Tensor,
+        old_log_prob: Tensor,
+        advantages: Tensor,
+        *,
+        group: Tensor | None = None,
+        mean: Tensor | None = None,
+        ref_mean: Tensor | None = None,
+        std: Tensor | None = None,
+    ) -> LossOutput:
+        """Loss over B edges.
+
+        Args:
+            log_prob: [B] current policy log-probs (with grad).
+            old_log_prob: [B] sampling-time log-probs.
+            advantages: [B].
+            group: [B] long parent id of each edge (any ids); ``None``: one group per edge.
+            mean, ref_mean: [B, *S] policy and reference Gaussian means (needed if kl_beta > 0).
+            std: [B, 1, ..] or [B, *S] the step's std (needed if kl_beta > 0).
+        """
+        B = log_prob.shape[0]
+        for name, t in (("old_log_prob", old_log_prob), ("advantages", advantages)):
+            if t.shape != (B,):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{B}] like log_prob")
+        log_ratio = log_prob.float() - old_log_prob.float()  # [B]
+        ratio = torch.exp(log_ratio)  # [B]
+        adv = advantages.float().clamp(-self.adv_clip, self.adv_clip)  # [B]
+        unclipped = -adv * ratio  # [B]
+        clipped = -adv * ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high)  # [B]
+        policy = torch.maximum(unclipped, clipped)  # [B]
+
+        if self.kl_beta > 0:
+            if mean is None or ref_mean is None or std is None:
+                raise ValueError("kl_beta > 0 needs mean, ref_mean and std")
+            sq = (mean.float() - ref_mean.float()).square()  # [B, *S]
+            kl = (sq / (2 * std.float().square())).flatten(1).mean(dim=1)  # [B]
+        else:
+            kl = torch.zeros_like(policy)  # [B]
+
+        policy_loss = self._aggregate(policy, group)  # []
+        kl_loss = self._aggregate(kl, group)  # []
+        loss = policy_loss + self.kl_beta * kl_loss
+        with torch.no_grad():
+            clip_frac = ((ratio < 1.0 - self.clip_low) | (ratio > 1.0 + self.clip_high)).float().mean()
+            approx_kl = 0.5 * log_ratio.square().mean()
+        return LossOutput(
+            loss,
+            policy_loss.detach(),
+            kl_loss.detach(),
+            ratio.detach().mean(),
+            clip_frac,
+            approx_kl.detach(),
+        )
+
+    def _aggregate(self, per_edge: Tensor, group: Tensor | None) -> Tensor:
+        """Sum or mean over each group's edges, then mean over groups. [B] -> []."""
+        if group is None:
+            return per_edge.mean()
+        if group.shape != per_edge.shape:
+            raise ValueError(f"group has shape {tuple(group.shape)}, expected {tuple(per_edge.shape)}")
+        _, g = torch.unique(group, return_inverse=True)  # [B] contiguous ids of non-empty groups
+        G = int(g.max()) + 1
+        per_group = per_edge.new_zeros(G).index_add(0, g, per_edge)  # [G]
+        if self.aggregation == "mean":
+            per_group = per_group / torch.bincount(g, minlength=G)
+        return per_group.mean()

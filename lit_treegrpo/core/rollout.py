@@ -1,0 +1,296 @@
+"""Grow the tree of denoising trajectories, batching a whole depth into one model call.
+
+The rollout only needs two callables, so it runs any model family (and test doubles) without
+diffusers:
+
+- ``predict(x, step_index, cond) -> model_output``: ``x`` [N, *S]; ``step_index`` an int during
+  the rollout (every node is at the same denoising step) or a [N] LongTensor when training
+  recomputes a minibatch that mixes steps; ``cond`` the conditioning of those N nodes.
+- ``step(model_output, x, step_index, *, stochastic, noise=None, prev_sample=None) -> StepOutput``:
+  one transition, as :func:`lit_treegrpo.core.steps.flow_sde_step` / ``ddim_step`` wrapped by an
+  adapter that knows its schedule.
+
+``cond`` is any pytree (tensor, tuple, list, dict, NamedTuple) whose tensors have the prompt
+dimension first; the rollout gathers rows per node with :func:`index_cond`.
+
+Why batch by depth: every node alive at denoising step ``t`` goes through ONE ``predict`` call
+(chunked by ``spec.max_batch``), and at a branch step the parent's output is computed once and
+its ``k`` children differ only in noise. BranchGRPO's code forwards nodes one at a time.
+
+Random draws, in order (so that a run is reproducible from its generator): at every stochastic
+step one ``torch.randn`` of shape [N * k, *S] for the N frontier nodes in frontier order, child j
+of node i at row ``i * k + j``. Deterministic steps draw nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from .spec import TreeSpec
+from .steps import StepOutput
+
+PredictFn = Callable[[Tensor, "int | Tensor", Any], Tensor]
+
+
+class StepFn(Protocol):
+    def __call__(
+        self,
+        model_output: Tensor,
+        x: Tensor,
+        step_index: int | Tensor,
+        *,
+        stochastic: bool,
+        noise: Tensor | None = None,
+        prev_sample: Tensor | None = None,
+    ) -> StepOutput: ...
+
+
+def index_cond(cond: Any, index: Tensor) -> Any:
+    """Rows ``index`` of every tensor in the pytree ``cond`` (prompt dimension first)."""
+    return pytree.tree_map(lambda t: t[index] if isinstance(t, Tensor) else t, cond)
+
+
+def _num_cond_rows(cond: Any) -> int:
+    sizes = {t.shape[0] for t in pytree.tree_leaves(cond) if isinstance(t, Tensor)}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"cond must be a pytree of tensors sharing their first (prompt) dimension, got sizes {sizes}"
+        )
+    return sizes.pop()
+
+
+@dataclass(frozen=True)
+class RolloutTree:
+    """Everything one rollout recorded, as flat tensors (the plain-tensor tree description).
+
+    *Sources* are the nodes at which a stochastic step starts; one model forward of a source serves
+    the log-probs of all its children. *Edges* are the recorded stochastic transitions, numbered in
+    creation order, so an edge's parent always has a smaller index. *Leaves* are final samples,
+    grouped by prompt in prompt order (each prompt's ``spec.num_leaves`` leaves are contiguous).
+    """
+
+    source_x: Tensor  # [Ns, *S] state when the stochastic step starts (model dtype)
+    source_step: Tensor  # [Ns] long, denoising step index
+    source_prompt: Tensor  # [Ns] long, prompt index
+    edge_source: Tensor  # [E] long, index into source_*
+    edge_parent: Tensor  # [E] long, previous recorded edge on the path, -1 if none
+    edge_depth: Tensor  # [E] long, number of recorded ancestors
+    edge_x_next: Tensor  # [E, *S] sampled next state
+    edge_old_log_prob: Tensor  # [E] float32, log-prob at sampling time
+    leaf_latents: Tensor  # [L, *S] final latents
+    leaf_edge: Tensor  # [L] long, last recorded edge above the leaf, -1 if none
+    leaf_prompt: Tensor  # [L] long
+    num_prompts: int
+    nfe: int  # model evaluations (batch elements, CFG doubling excluded)
+    num_model_calls: int  # predict() invocations
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_parent.shape[0]
+
+    @property
+    def num_leaves(self) -> int:
+        return self.leaf_edge.shape[0]
+
+    @property
+    def edge_step(self) -> Tensor:  # [E]
+        return self.source_step[self.edge_source]
+
+    @property
+    def edge_prompt(self) -> Tensor:  # [E]
+        return self.source_prompt[self.edge_source]
+
+    @property
+    def edge_x_t(self) -> Tensor:  # [E, *S] (materialised; sources are stored once per parent)
+        return self.source_x[self.edge_source]
+
+
+def _chunked_predict(
+    predict: PredictFn, x: Tensor, step_index: int, cond: Any, max_batch: int
+) -> tuple[Tensor, int]:
+    """``predict`` over ``x`` in chunks of at most ``max_batch`` rows; returns (output, calls)."""
+    n = x.shape[0]
+    if n <= max_batch:
+        return predict(x, step_index, cond), 1
+    outs = []
+    for lo in range(0, n, max_batch):
+        rows = torch.arange(lo, min(lo + max_batch, n), device=x.device)
+        outs.append(predict(x[lo : lo + max_batch], step_index, index_cond(cond, rows)))
+    return torch.cat(outs), len(outs)
+
+
+@torch.no_grad()
+def rollout(
+    predict: PredictFn,
+    step: StepFn,
+    spec: TreeSpec,
+    cond: Any,
+    noise: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+) -> RolloutTree:
+    """Grow ``spec``'s tree for every prompt of ``cond`` from the root ``noise``.
+
+    Args:
+        predict, step: the model and the transition, see the module docstring.
+        spec: the tree for this training step (``TreeSpec.at(step)``).
+        cond: conditioning pytree with P rows (one per prompt).
+        noise: root latents [P * spec.num_trees, *S], prompt-major (prompt p owns rows
+            ``p * num_trees .. (p + 1) * num_trees - 1``).
+        generator: RNG for the SDE noise (on ``noise.device``); the global RNG if omitted.
+    """
+    P = _num_cond_rows(cond)
+    if noise.shape[0] != P * spec.num_trees:
+        raise ValueError(
+            f"noise has {noise.shape[0]} rows, expected num_prompts * num_trees = "
+            f"{P} * {spec.num_trees} = {P * spec.num_trees}"
+        )
+    device = noise.device
+    x = noise  # [N, *S] frontier states
+    node_prompt = torch.arange(P, device=device).repeat_interleave(spec.num_trees)  # [N]
+    node_edge = torch.full((x.shape[0],), -1, dtype=torch.long, device=device)  # [N]
+    node_depth = torch.zeros_like(node_edge)  # [N] recorded edges above the node
+    node_cond = index_cond(cond, node_prompt)  # cond rows per node; changes only at splits
+
+    sources_x, sources_step, sources_prompt = [], [], []
+    edges_source, edges_parent, edges_depth, edges_x_next, edges_lp = [], [], [], [], []
+    num_sources = num_edges = nfe = calls = 0
+    for t in range(spec.num_steps):
+        n = x.shape[0]
+        model_output, c = _chunked_predict(predict, x, t, node_cond, spec.max_batch)  # [N, *S]
+        nfe += n
+        calls += c
+        if not spec.is_stochastic(t):
+            x = step(model_output, x, t, stochastic=False).prev_sample  # [N, *S]
+            continue
+        k = spec.children_at(t)
+        sources_x.append(x)
+        sources_step.append(torch.full((n,), t, dtype=torch.long, device=device))
+        sources_prompt.append(node_prompt)
+        source_ids = torch.arange(num_sources, num_sources + n, device=device)  # [N]
+        num_sources += n
+        if k > 1:
+            model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
+            x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
+        eps = torch.randn(x.shape, generator=generator, device=device)  # [N*k, *S] float32
+        out = step(model_output, x, t, stochastic=True, noise=eps)
+        edge_ids = torch.arange(num_edges, num_edges + n * k, device=device)  # [N*k]
+        num_edges += n * k
+        edges_source.append(source_ids.repeat_interleave(k))
+        edges_parent.append(node_edge.repeat_interleave(k))
+        edges_depth.append(node_depth.repeat_interleave(k))
+        edges_x_next.append(out.prev_sample)
+        edges_lp.append(out.log_prob.float())
+        node_depth = (node_depth + 1).repeat_interleave(k)
+        node_edge = edge_ids
+        if k > 1:
+            node_prompt = node_prompt.repeat_interleave(k)
+            node_cond = index_cond(cond, node_prompt)
+        x = out.prev_sample
+
+    shape = tuple(noise.shape[1:])
+
+    def cat(parts: list[Tensor], dtype: torch.dtype, tail: tuple[int, ...] = ()) -> Tensor:
+        if parts:
+            return torch.cat(parts)
+        return torch.empty((0, *tail), dtype=dtype, device=device)
+
+    return RolloutTree(
+        source_x=cat(sources_x, noise.dtype, shape),
+        source_step=cat(sources_step, torch.long),
+        source_prompt=cat(sources_prompt, torch.long),
+        edge_source=cat(edges_source, torch.long),
+        edge_parent=cat(edges_parent, torch.long),
+        edge_depth=cat(edges_depth, torch.long),
+        edge_x_next=cat(edges_x_next, noise.dtype, shape),
+        edge_old_log_prob=cat(edges_lp, torch.float32),
+        leaf_latents=x,
+        leaf_edge=node_edge,
+        leaf_prompt=node_prompt,
+        num_prompts=P,
+        nfe=nfe,
+        num_model_calls=calls,
+    )
+
+
+class EdgeLogProbs(NamedTuple):
+    """Log-probs of a minibatch of edges recomputed by the current policy (with grad)."""
+
+    step: StepOutput  # fields [B] / [B, *S] for the B requested edges, in request order
+    group: Tensor  # [B] long, index of each edge's source within the minibatch (0 .. U-1)
+    num_forwards: int  # U: model evaluations spent (one per distinct source)
+
+
+def recompute_log_probs(
+    predict: PredictFn, step: StepFn, tree: RolloutTree, edge_ids: Tensor, cond: Any
+) -> EdgeLogProbs:
+    """Re-evaluate the recorded transitions ``edge_ids`` [B] under the current model.
+
+    One ``predict`` call over the distinct sources of the requested edges (a parent with k
+    children in the minibatch costs one forward, not k); ``predict`` gets a [U] step-index tensor.
+    Runs with whatever grad mode the caller is in.
+    """
+    sources, group = torch.unique(tree.edge_source[edge_ids], return_inverse=True)  # [U], [B]
+    x = tree.source_x[sources]  # [U, *S]
+    steps = tree.source_step[sources]  # [U]
+    model_output = predict(x, steps, index_cond(cond, tree.source_prompt[sources]))  # [U, *S]
+    out = step(
+        model_output[group],
+        x[group],
+        steps[group],
+        stochastic=True,
+        prev_sample=tree.edge_x_next[edge_ids],
+    )
+    return EdgeLogProbs(out, group, int(sources.shape[0]))
+
+
+def source_minibatches(
+    tree: RolloutTree,
+    keep: Tensor,
+    sources_per_batch: int,
+    *,
+    generator: torch.Generator | None = None,
+) -> list[Tensor]:
+    """Shuffle the kept edges into minibatches that never split a parent's children.
+
+    Minibatch size counts *sources* (model forwards, the cost that matters), each bringing all its
+    kept edges. Returns a list of edge-index tensors; an empty list if nothing is kept.
+
+    Args:
+        keep: [E] bool mask from pruning.
+        sources_per_batch: distinct sources (forwards) per minibatch.
+        generator: RNG (CPU) for the shuffle.
+    """
+    if sources_per_batch < 1:
+        raise ValueError(f"sources_per_batch must be >= 1, got {sources_per_batch}")
+    if keep.shape != tree.edge_parent.shape:
+        raise ValueError(f"keep mask has shape {tuple(keep.shape)}, expected [{tree.num_edges}]")
+    kept = keep.nonzero().squeeze(1)  # [K]
+    if kept.numel() == 0:
+        return []
+    sources, which = torch.unique(tree.edge_source[kept], return_inverse=True)  # [U], [K]
+    perm = torch.randperm(sources.shape[0], generator=generator).to(kept.device)  # [U]
+    rank = torch.empty_like(perm)
+    rank[perm] = torch.arange(perm.shape[0], device=perm.device)  # [U] position after shuffle
+    batch_of_edge = rank[which] // sources_per_batch  # [K]
+    order = torch.argsort(rank[which] * tree.num_edges + kept)  # shuffled sources, edges in order
+    kept, batch_of_edge = kept[order], batch_of_edge[order]
+    counts = torch.bincount(batch_of_edge).tolist()
+    return list(torch.split(kept, counts))
+
+
+__all__ = [
+    "EdgeLogProbs",
+    "PredictFn",
+    "RolloutTree",
+    "StepFn",
+    "index_cond",
+    "recompute_log_probs",
+    "rollout",
+    "source_minibatches",
+]

@@ -1,0 +1,259 @@
+"""Which denoising steps branch, which are stochastic (SDE) and which are deterministic (ODE).
+
+A rollout runs ``num_steps`` denoising steps on every trajectory. At a *branch step* each node of
+the frontier gets ``k`` children (one model forward of the parent, ``k`` independent noises); at an
+extra *SDE step* it gets one stochastic child; every other step is a deterministic ODE step that
+records nothing and is never trained. Each stochastic transition is a recorded *edge*.
+
+One configuration covers every method of the papers (see ../shared/PAPERS.md):
+
+===================  ====================================================================
+TreeGRPO (k3 d3)     ``TreeSpec(10, branch_steps=(0, 1, 2), branching=3)`` + a window schedule
+BranchGRPO (dense)   ``TreeSpec(20, branch_steps=(0, 3, 6, 9), branching=2, sde_steps=...)``
+DanceGRPO / Flow-    ``TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=G)``: G chains per
+GRPO (flat)          prompt, every step but the last stochastic
+MixGRPO              flat, with a window of SDE steps sliding over the schedule
+===================  ====================================================================
+
+The last denoising step is never stochastic: its Gaussian is nearly degenerate (Flow-GRPO trains
+on ``timestep_fraction=0.99`` of the steps for that reason), so branching there is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+WindowKind = Literal["fixed", "shifting", "geometric", "progressive"]
+WindowTarget = Literal["branch", "sde"]
+
+
+@dataclass(frozen=True)
+class WindowSchedule:
+    """Moves the branch steps (or the extra SDE steps) of a :class:`TreeSpec` per training step.
+
+    The spec's own steps are the window at offset 0; the schedule picks an offset ``i`` for each
+    training step and the window becomes ``{s + i}``. Offsets range over ``0 .. max_offset`` where
+    ``max_offset`` keeps the window off the last denoising step (for a contiguous window of ``w``
+    steps in ``T``: ``T - w - 1``). The choice is a pure function of ``(seed, step)``, so a resumed
+    or distributed run picks the same windows.
+    """
+
+    kind: WindowKind = "fixed"
+    """``fixed``: offset ``start`` always. ``shifting`` (TreeGRPO code): ``start + shift *
+    (step // every)``, wrapping around past ``max_offset``. ``geometric`` (TreeGRPO paper): offset
+    drawn from a geometric law truncated to ``0 .. max_offset``, ``P(i) ∝ ratio**i``.
+    ``progressive`` (MixGRPO): like ``shifting`` but stops at ``max_offset`` instead of wrapping."""
+    target: WindowTarget = "branch"
+    """Which steps move: ``branch`` (TreeGRPO's SDE window) or ``sde`` (MixGRPO / BranchGRPO-Mix)."""
+    start: int = 0
+    """Offset at training step 0 (``fixed``, ``shifting``, ``progressive``)."""
+    shift: int = 1
+    """How far the window moves each time it moves (TreeGRPO's ``s``)."""
+    every: int = 50
+    """Training steps between moves (TreeGRPO's ``tou``; MixGRPO's interval)."""
+    ratio: float = 0.5
+    """Ratio ``r`` of the truncated geometric law (``geometric``); 1.0 is uniform."""
+    seed: int = 0
+    """Seed of the ``geometric`` draws."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "shifting", "geometric", "progressive"):
+            raise ValueError(
+                f"window.kind must be one of fixed, shifting, geometric, progressive; got {self.kind!r}"
+            )
+        if self.target not in ("branch", "sde"):
+            raise ValueError(f"window.target must be 'branch' or 'sde', got {self.target!r}")
+        if self.start < 0:
+            raise ValueError(f"window.start must be >= 0, got {self.start}")
+        if self.shift < 0:
+            raise ValueError(f"window.shift must be >= 0, got {self.shift}")
+        if self.every < 1:
+            raise ValueError(f"window.every must be >= 1 training step, got {self.every}")
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"window.ratio must be in (0, 1], got {self.ratio}")
+
+    def offset(self, step: int, max_offset: int) -> int:
+        """Window offset at training ``step``, in ``0 .. max_offset``."""
+        if step < 0:
+            raise ValueError(f"training step must be >= 0, got {step}")
+        if max_offset < 0:
+            raise ValueError(f"max_offset must be >= 0, got {max_offset}")
+        if self.start > max_offset:
+            raise ValueError(
+                f"window.start={self.start} moves the window onto the last denoising step; "
+                f"the largest offset for this tree is {max_offset}"
+            )
+        moved = self.start + self.shift * (step // self.every)
+        if self.kind == "fixed":
+            return self.start
+        if self.kind == "shifting":
+            return moved % (max_offset + 1)
+        if self.kind == "progressive":
+            return min(moved, max_offset)
+        # geometric: a generator seeded from (seed, step) alone, independent of any global RNG.
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63))
+        probs = torch.tensor([self.ratio**i for i in range(max_offset + 1)], dtype=torch.float64)
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Shape of the rollout tree grown from each prompt. Validated on construction."""
+
+    num_steps: int
+    """Denoising steps T of every trajectory (NFE of one plain sample, without CFG)."""
+    branch_steps: tuple[int, ...] = ()
+    """Steps (0-based, ascending) at which every node splits into ``branching`` children."""
+    branching: int | tuple[int, ...] = 2
+    """Children per node at each branch step: one int for all, or one per entry of branch_steps."""
+    sde_steps: tuple[int, ...] = ()
+    """Extra stochastic steps that do not split (BranchGRPO-Mix, flat GRPO). Recorded and trained."""
+    num_trees: int = 1
+    """Independent roots per prompt (each from its own noise). Flat GRPO uses its group size G."""
+    max_batch: int = 64
+    """Most nodes per model call; a larger frontier is chunked. Bounds activation memory."""
+    max_leaves: int = 256
+    """Refuse trees with more leaves per prompt than this (a typo in branching grows them fast)."""
+    window: WindowSchedule | None = None
+    """Optional schedule that moves the branch or SDE steps per training step (:meth:`at`)."""
+
+    def __post_init__(self) -> None:
+        # Lists (Python callers, YAML) become tuples so that the spec stays hashable.
+        for name in ("branch_steps", "sde_steps"):
+            object.__setattr__(self, name, tuple(int(s) for s in getattr(self, name)))
+        if not isinstance(self.branching, int):
+            object.__setattr__(self, "branching", tuple(int(k) for k in self.branching))
+        T = self.num_steps
+        if T < 1:
+            raise ValueError(f"num_steps must be >= 1, got {T}")
+        for name in ("branch_steps", "sde_steps"):
+            steps = getattr(self, name)
+            if len(set(steps)) != len(steps):
+                raise ValueError(f"{name} has duplicates: {steps}; list each step once")
+            if list(steps) != sorted(steps):
+                raise ValueError(f"{name} must be ascending, got {steps}; sort them")
+            bad = [s for s in steps if not 0 <= s < T]
+            if bad:
+                raise ValueError(f"{name} {bad} out of range: steps are 0 .. num_steps-1 = {T - 1}")
+            if T - 1 in steps:
+                raise ValueError(
+                    f"{name} contains the last denoising step {T - 1}: its Gaussian is nearly "
+                    f"degenerate, so it is always a deterministic step; use steps 0 .. {T - 2}"
+                )
+        both = sorted(set(self.branch_steps) & set(self.sde_steps))
+        if both:
+            raise ValueError(
+                f"steps {both} are in both branch_steps and sde_steps; a branch step is already "
+                f"stochastic, remove them from sde_steps"
+            )
+        if isinstance(self.branching, tuple) and len(self.branching) != len(self.branch_steps):
+            raise ValueError(
+                f"branching has {len(self.branching)} entries but branch_steps has "
+                f"{len(self.branch_steps)}; give one int, or one entry per branch step"
+            )
+        if any(k < 1 for k in self.per_split_branching):
+            raise ValueError(f"branching must be >= 1 children per split, got {self.branching}")
+        if self.num_trees < 1:
+            raise ValueError(f"num_trees must be >= 1, got {self.num_trees}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.num_leaves > self.max_leaves:
+            raise ValueError(
+                f"the tree has {self.num_leaves} leaves per prompt (branching {self.branching} at "
+                f"steps {self.branch_steps} x num_trees {self.num_trees}), above max_leaves="
+                f"{self.max_leaves}; reduce branching / branch_steps / num_trees or raise max_leaves"
+            )
+        if self.window is not None:
+            self.window.offset(0, self._window_max_offset())  # raises if it cannot be placed
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> TreeSpec:
+        """Build from plain fields (a parsed YAML preset), ``window`` as a nested mapping."""
+        fields = dict(fields)
+        if isinstance(fields.get("window"), dict):
+            fields["window"] = WindowSchedule(**fields["window"])
+        return cls(**fields)
+
+    # ----------------------------------------------------------------------------- structure
+    @property
+    def per_split_branching(self) -> tuple[int, ...]:
+        """Children per node at each branch step, one entry per ``branch_steps`` entry."""
+        if isinstance(self.branching, int):
+            return (self.branching,) * len(self.branch_steps)
+        return self.branching
+
+    @property
+    def num_leaves(self) -> int:
+        """Leaves (final images) per prompt."""
+        return math.prod(self.per_split_branching) * self.num_trees
+
+    def children_at(self, step: int) -> int:
+        """Children per node at denoising ``step`` (1 at SDE and ODE steps)."""
+        if step in self.branch_steps:
+            return self.per_split_branching[self.branch_steps.index(step)]
+        return 1
+
+    def is_stochastic(self, step: int) -> bool:
+        """Whether ``step`` samples from the SDE (and records edges)."""
+        return step in self.branch_steps or step in self.sde_steps
+
+    def nodes_at(self, step: int) -> int:
+        """Nodes alive per prompt when denoising ``step`` begins."""
+        n = self.num_trees
+        for s, k in zip(self.branch_steps, self.per_split_branching):
+            if s < step:
+                n *= k
+        return n
+
+    def nfe(self) -> int:
+        """Model evaluations per prompt for one rollout (batch elements, CFG doubling excluded).
+
+        ``sum_t nodes_at(t)``; TreeGRPO's ``i + sum_{j<w} k^j + k^w (T - i - w)`` per tree.
+        """
+        return sum(self.nodes_at(t) for t in range(self.num_steps))
+
+    def num_edges(self) -> int:
+        """Recorded stochastic transitions (trainable edges) per prompt."""
+        return sum(
+            self.nodes_at(t) * self.children_at(t)
+            for t in range(self.num_steps)
+            if self.is_stochastic(t)
+        )
+
+    def train_nfe(self) -> int:
+        """Model evaluations per prompt to recompute every edge's log-prob once.
+
+        One forward per parent node serves all its children, so this is the number of nodes that
+        start a stochastic step, not the number of edges.
+        """
+        return sum(self.nodes_at(t) for t in range(self.num_steps) if self.is_stochastic(t))
+
+    # ----------------------------------------------------------------------------- schedule
+    def _window_max_offset(self) -> int:
+        assert self.window is not None
+        steps = self.branch_steps if self.window.target == "branch" else self.sde_steps
+        field = "branch_steps" if self.window.target == "branch" else "sde_steps"
+        if not steps:
+            raise ValueError(
+                f"window.target={self.window.target!r} moves {field}, but {field} is empty; "
+                f"give the window's steps at offset 0 in {field}"
+            )
+        return self.num_steps - 2 - steps[-1]  # >= 0: no stochastic step is the last one
+
+    def at(self, step: int) -> TreeSpec:
+        """The spec in force at training ``step`` (``self`` when there is no window schedule)."""
+        if self.window is None:
+            return self
+        offset = self.window.offset(step, self._window_max_offset())
+        if self.window.target == "branch":
+            branch = tuple(s + offset for s in self.branch_steps)
+            sde = tuple(s for s in self.sde_steps if s not in branch)
+        else:
+            branch = self.branch_steps
+            sde = tuple(s + offset for s in self.sde_steps if s + offset not in branch)
+        return dataclasses.replace(self, branch_steps=branch, sde_steps=sde, window=None)

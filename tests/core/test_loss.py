@@ -1,0 +1,116 @@
+"""ClippedPolicyLoss regimes with hand-derived numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_treegrpo.core.loss import ClippedPolicyLoss
+
+
+def lp_for(ratios: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (with grad) and old log-probs whose ratios are ``ratios``."""
+    old = torch.tensor([-1.0] * len(ratios))
+    lp = (old + torch.tensor([math.log(r) for r in ratios])).requires_grad_(True)
+    return lp, old
+
+
+def test_three_regimes_hand_numbers() -> None:
+    loss_fn = ClippedPolicyLoss(clip_range=0.2, adv_clip=5.0)
+    # edge 0: ratio 1.1 inside [0.8, 1.2], A=2  -> max(-2*1.1, -2*1.1) = -2.2 (unclipped)
+    # edge 1: ratio 1.5 > 1.2,            A=2  -> max(-3.0, -2*1.2) = -2.4 (clipped high)
+    # edge 2: ratio 0.5 < 0.8,            A=-1 -> max(0.5, 0.8)     =  0.8 (clipped low)
+    # edge 3: ratio 0.5 < 0.8,            A=1  -> max(-0.5, -0.8)   = -0.5 (pessimistic: unclipped)
+    lp, old = lp_for([1.1, 1.5, 0.5, 0.5])
+    adv = torch.tensor([2.0, 2.0, -1.0, 1.0])
+    out = loss_fn(lp, old, adv)
+    torch.testing.assert_close(out.loss, torch.tensor((-2.2 - 2.4 + 0.8 - 0.5) / 4), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.ratio_mean, torch.tensor((1.1 + 1.5 + 0.5 + 0.5) / 4), atol=1e-6, rtol=0)
+    assert out.clip_frac.item() == pytest.approx(3 / 4)
+    expected_kl = 0.5 * sum(math.log(r) ** 2 for r in [1.1, 1.5, 0.5, 0.5]) / 4
+    assert out.approx_kl.item() == pytest.approx(expected_kl, rel=1e-5)
+    out.loss.backward()
+    # d/dlp of -A*ratio = -A*ratio / 4 where unclipped; 0 where the clipped branch is active
+    torch.testing.assert_close(lp.grad, torch.tensor([-2.0 * 1.1 / 4, 0.0, 0.0, -1.0 * 0.5 / 4]), atol=1e-6, rtol=0)
+
+
+def test_on_policy_first_pass() -> None:
+    loss_fn = ClippedPolicyLoss()  # clip 1e-4 as the papers
+    old = torch.tensor([-3.2, -1.7, -0.4])
+    lp = old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -0.5, 0.25])
+    out = loss_fn(lp, old, adv)
+    assert out.ratio_mean.item() == 1.0 and out.clip_frac.item() == 0.0 and out.approx_kl.item() == 0.0
+    torch.testing.assert_close(out.loss, -adv.mean(), atol=1e-7, rtol=0)
+    out.loss.backward()
+    # gradient descent raises the log-prob of positive-advantage edges and lowers the others
+    assert lp.grad[0] < 0 and lp.grad[1] > 0 and lp.grad[2] < 0
+
+
+def test_advantage_clip_and_asymmetric_clip() -> None:
+    loss_fn = ClippedPolicyLoss(clip_range=0.1, clip_range_high=0.3, adv_clip=5.0)
+    lp, old = lp_for([1.25, 1.4, 0.85])
+    adv = torch.tensor([10.0, 1.0, -1.0])
+    # edge 0: A clamped to 5, ratio 1.25 <= 1.3 -> -6.25; edge 1: 1.4 > 1.3 -> max(-1.4, -1.3) = -1.3
+    # edge 2: 0.85 < 0.9, A=-1 -> max(0.85, 0.9) = 0.9
+    out = loss_fn(lp, old, adv)
+    torch.testing.assert_close(out.loss, torch.tensor((-6.25 - 1.3 + 0.9) / 3), atol=1e-6, rtol=0)
+    assert out.clip_frac.item() == pytest.approx(2 / 3)
+
+
+def test_aggregation_over_children_of_a_parent() -> None:
+    lp, old = lp_for([1.0, 1.0, 1.0, 1.0])
+    adv = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    group = torch.tensor([7, 7, 7, 2])  # parent 7 has three children, parent 2 one
+    # per-edge losses -A: -1, -2, -3 | -4
+    summed = ClippedPolicyLoss(aggregation="sum")(lp, old, adv, group=group).loss
+    torch.testing.assert_close(summed, torch.tensor((-6.0 - 4.0) / 2), atol=1e-6, rtol=0)
+    mean = ClippedPolicyLoss(aggregation="mean")(lp, old, adv, group=group).loss
+    torch.testing.assert_close(mean, torch.tensor((-2.0 - 4.0) / 2), atol=1e-6, rtol=0)
+    plain = ClippedPolicyLoss(aggregation="sum")(lp, old, adv).loss
+    torch.testing.assert_close(plain, torch.tensor(-2.5), atol=1e-6, rtol=0)
+
+
+def test_kl_to_reference_mean() -> None:
+    loss_fn = ClippedPolicyLoss(kl_beta=0.5)
+    lp, old = lp_for([1.0, 1.0])
+    adv = torch.zeros(2)
+    mean = torch.zeros(2, 1, 2, 2)
+    ref = torch.zeros(2, 1, 2, 2)
+    ref[0] = 0.2  # every element off by 0.2: mean sq 0.04
+    std = torch.tensor([0.1, 0.5]).reshape(2, 1, 1, 1)
+    # kl_0 = 0.04 / (2 * 0.01) = 2.0; kl_1 = 0 -> mean 1.0; loss = 0 + 0.5 * 1.0
+    out = loss_fn(lp, old, adv, mean=mean, ref_mean=ref, std=std)
+    torch.testing.assert_close(out.kl, torch.tensor(1.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.loss, torch.tensor(0.5), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="kl_beta > 0 needs"):
+        loss_fn(lp, old, adv)
+
+
+def test_stats_are_detached() -> None:
+    lp, old = lp_for([1.0, 1.2])
+    out = ClippedPolicyLoss()(lp, old, torch.ones(2))
+    assert out.loss.requires_grad
+    assert not any(t.requires_grad for t in out[1:])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(clip_range=0.0), "clip_range"),
+        (dict(clip_range_high=-1.0), "clip_range_high"),
+        (dict(adv_clip=0.0), "adv_clip"),
+        (dict(kl_beta=-0.1), "kl_beta"),
+        (dict(aggregation="max"), "aggregation"),
+    ],
+)
+def test_constructor_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClippedPolicyLoss(**kwargs)
+
+
+def test_shape_validation() -> None:
+    with pytest.raises(ValueError, match="advantages has shape"):
+        ClippedPolicyLoss()(torch.zeros(3), torch.zeros(3), torch.zeros(2))

@@ -1,0 +1,40 @@
+"""The engine stays framework-free, and the package installs the way the design card says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_core_imports_neither_lightning_nor_diffusers() -> None:
+    code = (
+        "import sys, lit_treegrpo.core as core\n"
+        "core.rollout, core.tree_advantages, core.ClippedPolicyLoss, core.prune\n"
+        "heavy = sorted(m for m in ('lightning', 'pytorch_lightning', 'diffusers', 'transformers')"
+        " if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    # run from a neutral folder so the installed package, not the checkout, is what gets imported
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True
+    )
+    assert result.stdout.strip() == "", f"core pulled in: {result.stdout.strip()}"
+
+
+def test_core_sources_do_not_mention_the_frameworks() -> None:
+    # catches lazy imports inside functions, which the sys.modules check cannot see
+    for path in (REPO / "lit_treegrpo" / "core").glob("*.py"):
+        text = path.read_text()
+        for banned in ("import lightning", "from lightning", "import diffusers", "from diffusers"):
+            assert banned not in text, f"{path.name}: {banned}"
+
+
+def test_callbacks_install_as_a_subpackage() -> None:
+    code = "import lit_treegrpo.callbacks as c; print(c.__file__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True
+    )
+    assert Path(result.stdout.strip()).parent.name == "callbacks"
