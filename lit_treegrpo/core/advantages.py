@@ -71,7 +71,9 @@ def combine_rewards(
     leaf_rewards: Tensor, leaf_prompt: Tensor, weights: Tensor | None = None, eps: float = 1e-8
 ) -> Tensor:
     """One score per leaf: a [L] reward as is; [L, K] rewards normalised per prompt and column,
-    then weighted (``weights`` [K], default all ones)."""
+    then weighted (``weights`` [K], default all ones). Integer or bool rewards count as floats."""
+    if not leaf_rewards.is_floating_point():
+        leaf_rewards = leaf_rewards.double()  # pass/fail checks must not be rounded after scaling
     if leaf_rewards.ndim == 1:
         if weights is not None:
             raise ValueError("reward weights need [L, K] rewards, got a single reward column")

@@ -80,10 +80,15 @@ def _sample_or_score(
 ) -> StepOutput:
     """Draw ``mean + std * noise`` (or take ``prev_sample``) and score it under N(mean, std^2).
 
-    A deterministic step (``stochastic=False``) draws nothing, so it leaves the RNG stream alone.
+    A deterministic step (``stochastic=False``) draws nothing, so it leaves the RNG stream alone,
+    and ignores ``noise`` (its std is 0).
     """
     if noise is not None and prev_sample is not None:
         raise ValueError("pass at most one of `noise` (to sample) and `prev_sample` (to score)")
+    for name, given in (("noise", noise), ("prev_sample", prev_sample)):
+        if given is not None and given.shape != mean.shape:
+            # broadcasting would silently share one noise (or one sample) across the batch
+            raise ValueError(f"{name} has shape {tuple(given.shape)}, expected {tuple(mean.shape)}")
     if prev_sample is None and not stochastic:
         prev_sample = mean.to(out_dtype)  # [B, *S]
     elif prev_sample is None:
@@ -186,6 +191,8 @@ def ddim_step(
         eta: DDIM stochasticity; 1.0 as DDPO.
         noise, prev_sample, generator: as in :func:`flow_sde_step`.
     """
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0 (0 is deterministic DDIM, 1 is DDPO), got {eta}")
     x = sample.float()  # [B, *S]
     e = eps.float()  # [B, *S]
     a_t = _per_sample(alpha_prod_t, x)  # [B, 1..]
