@@ -1,0 +1,14 @@
+"""Model-family adapters over diffusers behind one interface, :class:`DiffusionAdapter`.
+
+- :class:`SD15Adapter`: SD 1.x / 2.x UNet + DDIM (DDPO's policy).
+- :class:`SD3Adapter`: SD3 / SD3.5 transformer + rectified-flow SDE (Flow-GRPO's policy).
+- :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
+- :mod:`.lora`: peft LoRA attach / export in the diffusers format.
+"""
+
+from .base import DiffusionAdapter
+from .lora import LoraSettings
+from .sd3 import SD3Adapter
+from .sd15 import SD15Adapter
+
+__all__ = ["DiffusionAdapter", "LoraSettings", "SD15Adapter", "SD3Adapter"]

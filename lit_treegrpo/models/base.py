@@ -1,0 +1,237 @@
+"""The one interface every model family offers the engine: :class:`DiffusionAdapter`.
+
+An adapter wraps a diffusers pipeline's components as an ``nn.Module`` (so Lightning moves, shards
+and checkpoints it) and exposes exactly what :func:`lit_treegrpo.core.rollout.rollout` and the
+training loop need: encode prompts once, draw root noise, predict with classifier-free guidance in
+one batched forward, take a (stochastic or deterministic) step with its log-prob, decode.
+
+The denoiser is the only module that trains (through LoRA or fully); text encoders and the VAE
+are frozen and run under ``no_grad``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..core.steps import StepOutput
+from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
+
+Cond = dict[str, Tensor]  # tensors with the prompt dimension first
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``; the option is a string so YAML can set it."""
+    if name not in DTYPES:
+        raise ValueError(f"torch_dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def load_component(cls: Any, path_or_id: str, subfolder: str | None, **kwargs: Any) -> Any:
+    """``cls.from_pretrained`` with a one-line error that names what is missing, offline included."""
+    try:
+        return cls.from_pretrained(path_or_id, subfolder=subfolder, **kwargs)
+    except (OSError, ValueError) as err:  # diffusers / transformers raise these for missing files
+        where = path_or_id + (f" (subfolder {subfolder!r})" if subfolder else "")
+        if Path(path_or_id).expanduser().is_dir():
+            hint = "the folder lacks this component (was it saved with save_pretrained?)"
+        elif path_or_id.startswith(("/", ".", "~")):
+            hint = "no such folder"
+        else:
+            hint = (
+                "not in the local hub cache and the hub cannot be reached (HF_HUB_OFFLINE=1 or "
+                "no network); download it once with network access, or pass a local folder"
+            )
+        raise FileNotFoundError(f"cannot load {cls.__name__} from {where}: {hint}") from err
+
+
+def check_tokenizer(tokenizer: Any, name: str) -> None:
+    """Refuse a tokenizer that loaded empty (happens offline with some hub caches)."""
+    if tokenizer is not None and len(tokenizer) == 0:
+        raise ValueError(f"{name} loaded with an empty vocabulary; its files are missing or broken")
+
+
+class DiffusionAdapter(nn.Module, ABC):
+    """A text-to-image denoiser seen as a policy over latents.
+
+    Subclasses register the trainable denoiser as ``self.denoiser`` and implement the family's
+    text encoding, model call and step. Shared here: guidance, dtype and LoRA handling.
+
+    Args:
+        num_steps: denoising steps T of a trajectory.
+        guidance_scale: classifier-free guidance weight; <= 1 disables CFG (one forward).
+        negative_prompt: unconditional prompt of CFG.
+        lora: LoRA settings, or ``None`` to fine-tune the whole denoiser.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+        decode_batch_size: images per VAE decode call.
+    """
+
+    denoiser: nn.Module
+    pipeline: Any  # the diffusers pipeline the components came from (not a module)
+    lora_layers_arg: str  # save_lora_weights keyword of the denoiser: "unet" / "transformer"
+
+    def __init__(
+        self,
+        *,
+        num_steps: int,
+        guidance_scale: float,
+        negative_prompt: str,
+        lora: LoraSettings | None,
+        gradient_checkpointing: bool,
+        decode_batch_size: int,
+    ) -> None:
+        super().__init__()
+        if decode_batch_size < 1:
+            raise ValueError(f"decode_batch_size must be >= 1, got {decode_batch_size}")
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
+        self.num_steps = num_steps
+        self.guidance_scale = guidance_scale
+        self.negative_prompt = negative_prompt
+        self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.decode_batch_size = decode_batch_size
+
+    # ------------------------------------------------------------------------ set-up helpers
+    def _setup_training(self, default_lora_targets: tuple[str, ...]) -> None:
+        """Freeze everything, then make the denoiser (or its LoRA) trainable."""
+        self.requires_grad_(False)
+        if self.lora is not None:
+            attach_lora(self.denoiser, self.lora, default_lora_targets)
+        else:
+            self.denoiser.requires_grad_(True)
+        if self.gradient_checkpointing:
+            self.denoiser.enable_gradient_checkpointing()
+        self.train(False)
+
+    def train(self, mode: bool = True) -> DiffusionAdapter:
+        """Always evaluation mode: dropout in the policy would make the log-prob recomputed for
+        training differ from the one recorded at sampling (ratio != 1 before any update), and
+        frozen encoders must never drop out. Gradient checkpointing does not depend on the mode."""
+        return super().train(False)
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.guidance_scale > 1.0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.denoiser.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the latents (the denoiser's weights; LoRA weights may be float32)."""
+        return self.denoiser.dtype
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer should see (LoRA only, or the whole denoiser)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """Run the frozen base model (LoRA disabled): the KL reference of Flow-GRPO."""
+        if self.lora is None:
+            raise ValueError(
+                "a KL reference needs LoRA (the reference is the model with adapters disabled); "
+                "set the adapter's lora option or loss.kl_beta=0"
+            )
+        self.denoiser.disable_adapters()
+        try:
+            yield
+        finally:
+            self.denoiser.enable_adapters()
+
+    def _guided(self, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
+        """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do."""
+        if not self.do_cfg:
+            return self._denoise(x, t, cond, negative=False)
+        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True)  # [2B, *S]
+        uncond, text = both.chunk(2)  # [B, *S] each
+        return uncond + self.guidance_scale * (text - uncond)
+
+    def _step_indices(self, step_index: int | Tensor, batch: int) -> Tensor:
+        """A [B] long tensor of step indices on the model's device."""
+        idx = torch.as_tensor(step_index, device=self.device, dtype=torch.long)
+        if idx.ndim == 0:
+            idx = idx.expand(batch)
+        if idx.shape != (batch,) or bool(((idx < 0) | (idx >= self.num_steps)).any()):
+            raise ValueError(f"step_index must be in 0..{self.num_steps - 1} per sample, got {step_index}")
+        return idx
+
+    # ------------------------------------------------------------------------ the contract
+    @abstractmethod
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """Frozen text encoding of P prompts -> tensors with P rows (negative prompt included)."""
+
+    @abstractmethod
+    def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
+        """Raw model output for latents ``x`` at model timesteps ``t``; with ``negative`` the batch
+        is [uncond; cond] and ``cond`` rows are used twice."""
+
+    @abstractmethod
+    def timesteps(self, step_index: Tensor) -> Tensor:
+        """Model timestep values of [B] step indices."""
+
+    @abstractmethod
+    def initial_noise(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """Root latents [n, C, h, w] in the latent dtype, on the model's device."""
+
+    @abstractmethod
+    def step(
+        self,
+        model_output: Tensor,
+        x: Tensor,
+        step_index: int | Tensor,
+        *,
+        stochastic: bool,
+        noise: Tensor | None = None,
+        prev_sample: Tensor | None = None,
+    ) -> StepOutput:
+        """One transition from step ``step_index`` (SDE if ``stochastic``, else deterministic)."""
+
+    @abstractmethod
+    def decode(self, latents: Tensor) -> Tensor:
+        """Latents -> images [B, 3, H, W] in [0, 1], float32, no grad."""
+
+    def _draw_noise(self, shape: tuple[int, ...], generator: torch.Generator | None) -> Tensor:
+        """Standard normal latents drawn on the generator's device (reproducible across devices)."""
+        device = generator.device if generator is not None else self.device
+        noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        return noise.to(self.device, self.dtype)
+
+    @torch.no_grad()
+    def _decode_with(self, vae: nn.Module, latents: Tensor) -> Tensor:
+        """VAE decode of scaled latents in chunks (decoder activations dominate memory)."""
+        images = []
+        for chunk in latents.split(self.decode_batch_size):
+            out = vae.decode(chunk.to(vae.dtype), return_dict=False)[0]  # [b, 3, H, W] in [-1, 1]
+            images.append((out.float() / 2 + 0.5).clamp(0, 1))
+        return torch.cat(images)
+
+    def predict(self, x: Tensor, step_index: int | Tensor, cond: Cond) -> Tensor:
+        """Guided model output for latents ``x`` [B, *S] at ``step_index`` (int or [B])."""
+        idx = self._step_indices(step_index, x.shape[0])  # [B]
+        return self._guided(x, self.timesteps(idx), cond)
+
+    def save_lora(self, folder: str | Path) -> Path:
+        """Write the trained LoRA so that the family's diffusers pipeline's ``load_lora_weights``
+        reads it (weights plus rank / alpha metadata)."""
+        if self.lora is None:
+            raise ValueError("save_lora needs LoRA training; save the full denoiser with save_pretrained")
+        self.pipeline.save_lora_weights(
+            str(folder),
+            **{
+                f"{self.lora_layers_arg}_lora_layers": lora_state_dict(self.denoiser),
+                f"{self.lora_layers_arg}_lora_adapter_metadata": lora_metadata(self.denoiser),
+            },
+        )
+        return Path(folder)

@@ -1,0 +1,97 @@
+"""LoRA through peft on a diffusers denoiser: attach, export in the diffusers format, load back.
+
+The exported folder is what ``pipe.load_lora_weights(folder)`` of a plain diffusers pipeline
+reads (``pytorch_lora_weights.safetensors`` with the adapter's rank/alpha metadata), so a trained
+policy leaves this project as an ordinary diffusers LoRA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+# Attention projections, as DDPO (SD 1.x UNet) and Flow-GRPO (SD3 joint attention) train them.
+SD15_LORA_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+SD3_LORA_TARGETS: tuple[str, ...] = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapters on the denoiser (the only trainable weights when set)."""
+
+    rank: int = 32
+    """LoRA rank r (Flow-GRPO: 32 for SD3.5)."""
+    alpha: float = 64.0
+    """Scaling numerator: the update is ``alpha / rank * B @ A``."""
+    init: Literal["gaussian", "default"] = "gaussian"
+    """Initialisation of A (B starts at zero either way, so training starts at the base model)."""
+    target_modules: tuple[str, ...] | None = None
+    """Module name suffixes to adapt; ``None`` uses the family's attention projections."""
+    dropout: float = 0.0
+    """LoRA dropout (0 keeps the policy deterministic given its input, needed for ratio = 1)."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if self.init not in ("gaussian", "default"):
+            raise ValueError(f"lora.init must be 'gaussian' or 'default', got {self.init!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+def attach_lora(model: nn.Module, settings: LoraSettings, default_targets: tuple[str, ...]) -> None:
+    """Add a peft LoRA adapter to a diffusers model; only its weights require grad, in float32."""
+    from peft import LoraConfig
+
+    targets = list(settings.target_modules or default_targets)
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if unmatched:
+        raise ValueError(
+            f"lora.target_modules {unmatched} match no module of {type(model).__name__}; "
+            f"use suffixes of its module names (defaults: {list(default_targets)})"
+        )
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        init_lora_weights="gaussian" if settings.init == "gaussian" else True,
+        target_modules=targets,
+        lora_dropout=settings.dropout,
+    )
+    model.add_adapter(config)  # diffusers' PeftAdapterMixin; freezes the base weights
+    for p in model.parameters():
+        if p.requires_grad:  # the LoRA weights: float32 masters, bf16 updates of lr*grad vanish
+            p.data = p.data.float()
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's weights in peft's key format, which every diffusers LoRA loader reads.
+
+    (``convert_state_dict_to_diffusers`` would rename attention projections to the legacy
+    ``lora.down``/``lora.up`` names but not SD3's ``add_*_proj``, and the SD3 loader then drops
+    the renamed half silently.)
+    """
+    from peft.utils import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def lora_metadata(model: nn.Module) -> dict:
+    """Rank / alpha / targets of the adapter, stored beside the weights so loading keeps alpha."""
+    config = model.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    return config

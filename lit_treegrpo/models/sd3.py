@@ -1,0 +1,218 @@
+"""Stable Diffusion 3 / 3.5: ``SD3Transformer2DModel`` + rectified-flow SDE (Flow-GRPO).
+
+The sigma schedule is ``FlowMatchEulerDiscreteScheduler``'s (its ``shift``, and the resolution-
+dependent shift when the config asks for dynamic shifting); stochastic steps use
+:func:`lit_treegrpo.core.steps.flow_sde_step` with ``dynamics`` ``flow_sde`` (noise level 0.7, the
+papers' setting) or ``dance_sde``; deterministic steps are the scheduler's Euler step, so the
+adapter reproduces ``StableDiffusion3Pipeline`` exactly. T5 can be dropped (zeros in its place, as
+diffusers allows) to save its ~9 GB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..core.steps import Dynamics, StepOutput, flow_sde_step
+from .base import Cond, DiffusionAdapter, check_tokenizer, load_component, parse_dtype
+from .lora import SD3_LORA_TARGETS, LoraSettings
+
+
+class SD3Adapter(DiffusionAdapter):
+    """SD3 / SD3.5 as a tree-rollout policy.
+
+    Args:
+        pretrained: a local folder or hub id of a diffusers SD3 checkpoint, or a
+            ``StableDiffusion3Pipeline``.
+        num_steps: denoising steps (the papers: 10).
+        guidance_scale: CFG weight (the papers: 4.5); <= 1 disables CFG.
+        noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
+        dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
+        negative_prompt: unconditional prompt of CFG.
+        resolution: image side in pixels; ``None`` uses the transformer's native size.
+        use_t5: load and run the T5 encoder; ``False`` feeds zeros in its place.
+        max_sequence_length: T5 tokens (Flow-GRPO uses 128; diffusers' default 256).
+        lora: LoRA settings (``None``: fine-tune the whole transformer).
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
+        revision, variant: forwarded to ``from_pretrained``.
+        gradient_checkpointing: trade compute for activation memory in the backward pass.
+        decode_batch_size: images per VAE decode call.
+    """
+
+    lora_layers_arg = "transformer"
+
+    def __init__(
+        self,
+        pretrained: str | Path | object,
+        *,
+        num_steps: int = 10,
+        guidance_scale: float = 4.5,
+        noise_level: float = 0.7,
+        dynamics: Dynamics = "flow_sde",
+        negative_prompt: str = "",
+        resolution: int | None = None,
+        use_t5: bool = True,
+        max_sequence_length: int = 128,
+        lora: LoraSettings | None = LoraSettings(rank=32, alpha=64.0),
+        torch_dtype: str = "float32",
+        revision: str | None = None,
+        variant: str | None = None,
+        gradient_checkpointing: bool = False,
+        decode_batch_size: int = 8,
+    ) -> None:
+        super().__init__(
+            num_steps=num_steps,
+            guidance_scale=guidance_scale,
+            negative_prompt=negative_prompt,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+            decode_batch_size=decode_batch_size,
+        )
+        from diffusers import StableDiffusion3Pipeline
+
+        if dynamics not in ("flow_sde", "dance_sde"):
+            raise ValueError(f"dynamics must be 'flow_sde' or 'dance_sde', got {dynamics!r}")
+        if noise_level <= 0:
+            raise ValueError(f"noise_level must be > 0, got {noise_level}")
+        if max_sequence_length < 1:
+            raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}")
+        self.noise_level = noise_level
+        self.dynamics: Dynamics = dynamics
+        self.max_sequence_length = max_sequence_length
+        if isinstance(pretrained, (str, Path)):
+            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant, use_t5)
+        elif isinstance(pretrained, StableDiffusion3Pipeline):
+            pipe = pretrained
+            if not use_t5:
+                pipe.text_encoder_3, pipe.tokenizer_3 = None, None
+        else:
+            raise TypeError(f"pretrained must be a path, hub id or StableDiffusion3Pipeline, got {type(pretrained)}")
+        self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand
+        self.denoiser = pipe.transformer
+        self.vae = pipe.vae
+        self.text_encoder = pipe.text_encoder
+        self.text_encoder_2 = pipe.text_encoder_2
+        self.text_encoder_3 = pipe.text_encoder_3
+        self.vae_scale_factor = pipe.vae_scale_factor
+        self.resolution = resolution or self.denoiser.config.sample_size * self.vae_scale_factor
+        multiple = self.vae_scale_factor * self.denoiser.config.patch_size
+        if self.resolution % multiple:
+            raise ValueError(f"resolution must be a multiple of {multiple}, got {self.resolution}")
+        self._setup_schedule()
+        self._setup_training(SD3_LORA_TARGETS)
+
+    @staticmethod
+    def _load(path: str, dtype: torch.dtype, revision: str | None, variant: str | None, use_t5: bool):
+        from diffusers import (
+            AutoencoderKL,
+            FlowMatchEulerDiscreteScheduler,
+            SD3Transformer2DModel,
+            StableDiffusion3Pipeline,
+        )
+        from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+        kw = dict(revision=revision)
+        weights = dict(kw, torch_dtype=dtype, variant=variant)
+        tokenizers = {}
+        for name, cls in [("tokenizer", CLIPTokenizer), ("tokenizer_2", CLIPTokenizer)] + (
+            [("tokenizer_3", T5TokenizerFast)] if use_t5 else []
+        ):
+            tokenizers[name] = load_component(cls, path, name, **kw)
+            check_tokenizer(tokenizers[name], f"{path}/{name}")
+        return StableDiffusion3Pipeline(
+            transformer=load_component(SD3Transformer2DModel, path, "transformer", **weights),
+            scheduler=load_component(FlowMatchEulerDiscreteScheduler, path, "scheduler", **kw),
+            vae=load_component(AutoencoderKL, path, "vae", **weights),
+            text_encoder=load_component(CLIPTextModelWithProjection, path, "text_encoder", **weights),
+            text_encoder_2=load_component(CLIPTextModelWithProjection, path, "text_encoder_2", **weights),
+            text_encoder_3=load_component(T5EncoderModel, path, "text_encoder_3", **weights) if use_t5 else None,
+            tokenizer=tokenizers["tokenizer"],
+            tokenizer_2=tokenizers["tokenizer_2"],
+            tokenizer_3=tokenizers.get("tokenizer_3"),
+        )
+
+    def _setup_schedule(self) -> None:
+        """Sigmas and model timesteps per step index, exactly as the pipeline sets them."""
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
+        scheduler = self.pipeline.scheduler
+        kwargs = {}
+        if scheduler.config.get("use_dynamic_shifting", False):
+            side = self.resolution // self.vae_scale_factor // self.denoiser.config.patch_size
+            kwargs["mu"] = calculate_shift(
+                side * side,
+                scheduler.config.get("base_image_seq_len", 256),
+                scheduler.config.get("max_image_seq_len", 4096),
+                scheduler.config.get("base_shift", 0.5),
+                scheduler.config.get("max_shift", 1.16),
+            )
+        scheduler.set_timesteps(self.num_steps, **kwargs)
+        self._t = scheduler.timesteps.float().cpu()  # [T] model timesteps (sigma * 1000)
+        self._sigmas = scheduler.sigmas.float().cpu()  # [T + 1], ends at 0
+        self._schedule_kwargs = kwargs  # what the parity test passes to the pipeline
+
+    # ------------------------------------------------------------------------ contract
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        embeds, negative, pooled, negative_pooled = self.pipeline.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=self.do_cfg,
+            negative_prompt=[self.negative_prompt] * len(prompts) if self.do_cfg else None,
+            max_sequence_length=self.max_sequence_length,
+        )
+        cond = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}  # [P, L, D], [P, D']
+        if self.do_cfg:
+            cond["negative_prompt_embeds"] = negative
+            cond["negative_pooled_prompt_embeds"] = negative_pooled
+        return cond
+
+    def timesteps(self, step_index: Tensor) -> Tensor:
+        return self._t.to(step_index.device)[step_index]  # [B]
+
+    def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
+        text, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        if negative:
+            text = torch.cat([cond["negative_prompt_embeds"], text])  # [2B, L, D]
+            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])  # [2B, D']
+        return self.denoiser(
+            hidden_states=x.to(self.dtype),
+            timestep=t,
+            encoder_hidden_states=text.to(self.dtype),
+            pooled_projections=pooled.to(self.dtype),
+            return_dict=False,
+        )[0]
+
+    def initial_noise(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        side = self.resolution // self.vae_scale_factor
+        return self._draw_noise((n, self.denoiser.config.in_channels, side, side), generator)
+
+    def step(
+        self,
+        model_output: Tensor,
+        x: Tensor,
+        step_index: int | Tensor,
+        *,
+        stochastic: bool,
+        noise: Tensor | None = None,
+        prev_sample: Tensor | None = None,
+    ) -> StepOutput:
+        idx = self._step_indices(step_index, x.shape[0]).cpu()  # [B]
+        return flow_sde_step(
+            model_output,
+            x,
+            self._sigmas[idx].to(x.device),  # [B]
+            self._sigmas[idx + 1].to(x.device),  # [B]
+            noise_level=self.noise_level,
+            dynamics=self.dynamics if stochastic else "ode",
+            noise=noise,
+            prev_sample=prev_sample,
+        )
+
+    def decode(self, latents: Tensor) -> Tensor:
+        config = self.vae.config
+        return self._decode_with(self.vae, latents / config.scaling_factor + config.shift_factor)
