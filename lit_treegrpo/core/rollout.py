@@ -19,12 +19,16 @@ its ``k`` children differ only in noise. BranchGRPO's code forwards nodes one at
 
 Random draws, in order (so that a run is reproducible from its generator): at every stochastic
 step one ``torch.randn`` of shape [N * k, *S] for the N frontier nodes in frontier order, child j
-of node i at row ``i * k + j``. Deterministic steps draw nothing.
+of node i at row ``i * k + j``. Deterministic steps draw nothing. With one generator per prompt,
+each prompt's rows (contiguous in the frontier) are drawn from its own generator instead, so a
+prompt's tree does not depend on which other prompts share the batch: a data-parallel run then
+samples exactly what a single process with the same global batch samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
@@ -124,6 +128,19 @@ def _chunked_predict(
     return torch.cat(outs), len(outs)
 
 
+def _step_noise(
+    shape: torch.Size,
+    rows_per_prompt: int,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    device: torch.device,
+) -> Tensor:
+    """Standard normal noise [N, *S] for one stochastic step, per prompt when given a list."""
+    if not isinstance(generator, Sequence):
+        return torch.randn(shape, generator=generator, device=device)
+    rows = (rows_per_prompt, *shape[1:])
+    return torch.cat([torch.randn(rows, generator=g, device=device) for g in generator])
+
+
 @torch.no_grad()
 def rollout(
     predict: PredictFn,
@@ -132,7 +149,7 @@ def rollout(
     cond: Any,
     noise: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> RolloutTree:
     """Grow ``spec``'s tree for every prompt of ``cond`` from the root ``noise``.
 
@@ -142,7 +159,8 @@ def rollout(
         cond: conditioning pytree with P rows (one per prompt).
         noise: root latents [P * spec.num_trees, *S], prompt-major (prompt p owns rows
             ``p * num_trees .. (p + 1) * num_trees - 1``).
-        generator: RNG for the SDE noise (on ``noise.device``); the global RNG if omitted.
+        generator: RNG for the SDE noise (on ``noise.device``): one generator, one per prompt
+            (P of them), or ``None`` for the global RNG.
     """
     P = _num_cond_rows(cond)
     if noise.shape[0] != P * spec.num_trees:
@@ -150,6 +168,8 @@ def rollout(
             f"noise has {noise.shape[0]} rows, expected num_prompts * num_trees = "
             f"{P} * {spec.num_trees} = {P * spec.num_trees}"
         )
+    if isinstance(generator, Sequence) and len(generator) != P:
+        raise ValueError(f"got {len(generator)} generators for {P} prompts; give one per prompt")
     device = noise.device
     x = noise  # [N, *S] frontier states
     node_prompt = torch.arange(P, device=device).repeat_interleave(spec.num_trees)  # [N]
@@ -177,7 +197,8 @@ def rollout(
         if k > 1:
             model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
             x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
-        eps = torch.randn(x.shape, generator=generator, device=device)  # [N*k, *S] float32
+        rows_per_prompt = spec.nodes_at(t) * k  # frontier rows of each prompt, contiguous
+        eps = _step_noise(x.shape, rows_per_prompt, generator, device)  # [N*k, *S] float32
         out = step(model_output, x, t, stochastic=True, noise=eps)
         edge_ids = torch.arange(num_edges, num_edges + n * k, device=device)  # [N*k]
         num_edges += n * k
@@ -252,35 +273,49 @@ def recompute_log_probs(
 def source_minibatches(
     tree: RolloutTree,
     keep: Tensor,
-    sources_per_batch: int,
+    sources_per_batch: int | None = None,
     *,
+    num_batches: int | None = None,
     generator: torch.Generator | None = None,
 ) -> list[Tensor]:
     """Shuffle the kept edges into minibatches that never split a parent's children.
 
-    Minibatch size counts *sources* (model forwards, the cost that matters), each bringing all its
-    kept edges. Returns a list of edge-index tensors; an empty list if nothing is kept.
+    Size is counted in *sources* (model forwards, the cost that matters), each bringing all its
+    kept edges. Give exactly one of:
+
+    - ``sources_per_batch``: batches of that many sources (the last may be smaller); an empty
+      list if nothing is kept.
+    - ``num_batches``: exactly that many batches of near-equal source counts, some possibly empty.
+      Distributed training uses this so that every rank runs the same number of backward passes
+      whatever its pruning kept.
 
     Args:
         keep: [E] bool mask from pruning.
-        sources_per_batch: distinct sources (forwards) per minibatch.
         generator: RNG (CPU) for the shuffle.
     """
-    if sources_per_batch < 1:
+    if (sources_per_batch is None) == (num_batches is None):
+        raise ValueError("give exactly one of sources_per_batch and num_batches")
+    if sources_per_batch is not None and sources_per_batch < 1:
         raise ValueError(f"sources_per_batch must be >= 1, got {sources_per_batch}")
+    if num_batches is not None and num_batches < 1:
+        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
     if keep.shape != tree.edge_parent.shape:
         raise ValueError(f"keep mask has shape {tuple(keep.shape)}, expected [{tree.num_edges}]")
     kept = keep.nonzero().squeeze(1)  # [K]
-    if kept.numel() == 0:
-        return []
     sources, which = torch.unique(tree.edge_source[kept], return_inverse=True)  # [U], [K]
-    perm = torch.randperm(sources.shape[0], generator=generator).to(kept.device)  # [U]
+    U = sources.shape[0]
+    perm = torch.randperm(U, generator=generator).to(kept.device)  # [U]
     rank = torch.empty_like(perm)
-    rank[perm] = torch.arange(perm.shape[0], device=perm.device)  # [U] position after shuffle
-    batch_of_edge = rank[which] // sources_per_batch  # [K]
-    order = torch.argsort(rank[which] * tree.num_edges + kept)  # shuffled sources, edges in order
-    kept, batch_of_edge = kept[order], batch_of_edge[order]
-    counts = torch.bincount(batch_of_edge).tolist()
+    rank[perm] = torch.arange(U, device=perm.device)  # [U] position after shuffle
+    if num_batches is not None:
+        batch_of_source = rank * num_batches // max(U, 1)  # [U] contiguous near-equal chunks
+        total = num_batches
+    else:
+        batch_of_source = rank // sources_per_batch  # [U]
+        total = -(-U // sources_per_batch)  # ceil
+    order = torch.argsort(rank[which] * max(tree.num_edges, 1) + kept)  # shuffled sources, edges in order
+    kept = kept[order]
+    counts = torch.bincount(batch_of_source[which[order]], minlength=total).tolist()
     return list(torch.split(kept, counts))
 
 

@@ -230,3 +230,41 @@ def test_source_minibatches_partition_kept_edges_by_whole_parents() -> None:
     assert source_minibatches(tree, torch.zeros_like(keep), 3) == []
     with pytest.raises(ValueError, match="sources_per_batch"):
         source_minibatches(tree, keep, 0)
+    with pytest.raises(ValueError, match="exactly one"):
+        source_minibatches(tree, keep, 3, num_batches=2)
+
+
+@pytest.mark.parametrize("num_batches", [1, 3, 7, 40])
+def test_source_minibatches_by_count_always_returns_that_many(num_batches: int) -> None:
+    spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=2, sde_steps=(4,))
+    tree, _, _, _ = grow(spec)  # 2 prompts: 2 * (1 + 2 + 4 + 8) = 30 sources
+    keep = torch.rand(tree.num_edges, generator=torch.Generator().manual_seed(0)) > 0.3
+    batches = source_minibatches(tree, keep, num_batches=num_batches, generator=torch.Generator().manual_seed(1))
+    assert len(batches) == num_batches
+    assert torch.equal(torch.sort(torch.cat(batches)).values, keep.nonzero().squeeze(1))
+    sizes = [len(set(tree.edge_source[b].tolist())) for b in batches]
+    assert max(sizes) - min(sizes) <= 1  # near-equal forwards per batch
+    per_source = [set(tree.edge_source[b].tolist()) for b in batches]
+    assert sum(len(s) for s in per_source) == len(set().union(*per_source))  # no parent split
+    empty = source_minibatches(tree, torch.zeros_like(keep), num_batches=num_batches)
+    assert len(empty) == num_batches and all(b.numel() == 0 for b in empty)
+
+
+def test_per_prompt_generators_make_each_prompt_independent_of_the_batch() -> None:
+    spec = TreeSpec(6, branch_steps=(0, 2), branching=(2, 3), sde_steps=(3,), num_trees=2)
+    model = ToyFlow(6)
+    cond = torch.tensor([0.0, 0.5, 1.0])
+    noise = torch.randn(6, *SHAPE, generator=torch.Generator().manual_seed(0))
+
+    def gens(seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    full = rollout(model.predict, model.step, spec, cond, noise, generator=gens([10, 11, 12]))
+    # prompt 1 alone, with its own generator, grows exactly the same tree
+    alone = rollout(model.predict, model.step, spec, cond[1:2], noise[2:4], generator=gens([11]))
+    L = spec.num_leaves
+    assert torch.equal(alone.leaf_latents, full.leaf_latents[L : 2 * L])
+    mine = full.edge_prompt == 1
+    assert torch.equal(alone.edge_old_log_prob, full.edge_old_log_prob[mine])
+    with pytest.raises(ValueError, match="one per prompt"):
+        rollout(model.predict, model.step, spec, cond, noise, generator=gens([1, 2]))

@@ -280,3 +280,18 @@ def test_initial_noise_is_reproducible_and_shaped() -> None:
     b = adapter.initial_noise(3, torch.Generator().manual_seed(0))
     assert torch.equal(a, b) and a.shape == (3, 4, 16, 16) and a.dtype == adapter.dtype
     assert copy.deepcopy(adapter) is not adapter  # adapters can be copied (EMA, reference models)
+
+
+@pytest.mark.parametrize("name", ["sd15", "sd3"])
+def test_gradient_checkpointing_gives_the_same_gradients(name: str) -> None:
+    grads = []
+    for checkpointing in (False, True):
+        adapter, _ = make(name, gradient_checkpointing=checkpointing)
+        assert adapter.denoiser.is_gradient_checkpointing == checkpointing
+        cond = adapter.encode_prompts(PROMPTS)
+        x = adapter.initial_noise(2, torch.Generator().manual_seed(0))
+        prev = adapter.initial_noise(2, torch.Generator().manual_seed(1))
+        out = adapter.step(adapter.predict(x, 1, cond), x, 1, stochastic=True, prev_sample=prev)
+        out.log_prob.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in adapter.trainable_parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
