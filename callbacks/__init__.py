@@ -1,7 +1,22 @@
 """Lightning callbacks of lit_treegrpo, installed as ``lit_treegrpo.callbacks``.
 
-The folder sits at the repository top level (the user's design card) and pyproject's
-``package-dir`` maps it into the package; always import it as ``lit_treegrpo.callbacks``.
-The callbacks themselves (PruningSchedule, EMA, SampleGridLogger, RewardMetrics) arrive with the
-Lightning training layer.
+- :class:`PruningSchedule`: BranchGRPO's width pruning for a fraction of training and sliding
+  depth window; sets ``pl_module.pruning`` before every step, a pure function of the iteration.
+- :class:`EMA`: moving average of the trainable (LoRA) parameters only, swapped in for validation
+  and sample grids.
+- :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
+  every N steps (and a PNG).
+- :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
+  validation, synchronised across ranks; best / worst prompts.
+
+Every callback is resumable through ``state_dict`` / ``load_state_dict``. The folder sits at the
+repository top level (the design card) and pyproject's ``package-dir`` maps it into the package;
+always import it as ``lit_treegrpo.callbacks``.
 """
+
+from .ema import EMA
+from .pruning import PruningSchedule
+from .reward_metrics import RewardMetrics, RewardStats
+from .sample_grid import SampleGridLogger, make_grid
+
+__all__ = ["EMA", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleGridLogger", "make_grid"]

@@ -1,0 +1,327 @@
+"""Reward statistics of every training step, epoch and validation, synchronised across ranks.
+
+Reads the ``outputs`` of ``training_step`` / ``validation_step``: ``rewards`` [L] (total reward of
+each leaf image), ``reward_components`` (name -> [L]; may be empty) and ``leaf_prompts`` (the prompt
+of each leaf). Statistics are torchmetrics states (count, sum, sum of squares, max, min) reduced
+over all data-parallel ranks when computed, so the logged values are those of the global batch.
+
+Logged (``<c>`` = each component):
+
+- per training step: ``reward/{mean,std,max,min}``, ``reward/<c>/{mean,std,max,min}``,
+  ``reward/prompt_best``, ``reward/prompt_worst`` (the best and worst per-prompt mean reward;
+  ``reward/<c>/prompt_best`` ... when ``prompt_key`` names a component);
+- per training epoch: the same names with ``_epoch`` appended (``reward/mean_epoch`` ...);
+- per validation run: ``val/reward/...`` and ``val/reward/prompt_{best,worst}``.
+
+With ``MultiReward(aggregate="normalize_then_weight")`` the total is normalised within each prompt,
+so its per-prompt means are ~0 by construction: rank prompts by a component (``prompt_key``).
+
+``std`` is the population standard deviation, as in the advantage normalisation. A running table
+of per-prompt mean rewards over training (identical on every rank, saved for resume) is written as
+a TensorBoard text summary, best and worst prompts, at the end of every training epoch and
+validation; each validation also writes its own table (``val/reward/prompts``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
+from torchmetrics import Metric
+from typing_extensions import override
+
+from ._tensorboard import TensorBoardWriters
+
+PromptStats = dict[str, list[float]]  # prompt -> [sum of rewards, number of leaves]
+
+
+class RewardStats(Metric):
+    """Mean, population std, max and min of all values seen (float64 sums, reduced by sum /
+    max / min across processes)."""
+
+    full_state_update = False
+    higher_is_better = None
+    is_differentiable = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("max_value", torch.full((), -math.inf, dtype=torch.float64), dist_reduce_fx="max")
+        self.add_state("min_value", torch.full((), math.inf, dtype=torch.float64), dist_reduce_fx="min")
+
+    def update(self, values: Tensor) -> None:
+        v = values.detach().to(torch.float64).flatten()  # [N]
+        if v.numel() == 0:
+            return
+        self.count += v.numel()
+        self.total += v.sum()
+        self.total_sq += (v * v).sum()
+        self.max_value = torch.maximum(self.max_value, v.max())
+        self.min_value = torch.minimum(self.min_value, v.min())
+
+    def compute(self) -> dict[str, Tensor]:
+        mean = self.total / self.count
+        var = (self.total_sq / self.count - mean * mean).clamp(min=0.0)  # rounding can make it < 0
+        return {"mean": mean, "std": var.sqrt(), "max": self.max_value, "min": self.min_value}
+
+
+def per_prompt_sums(rewards: Tensor, prompts: list[str]) -> PromptStats:
+    """``{prompt: [sum of its leaves' rewards, number of leaves]}`` in first-seen order."""
+    out: PromptStats = {}
+    for r, p in zip(rewards.detach().double().cpu().tolist(), prompts, strict=True):
+        entry = out.setdefault(p, [0.0, 0.0])
+        entry[0] += r
+        entry[1] += 1
+    return out
+
+
+def merge_sums(parts: list[PromptStats]) -> PromptStats:
+    """Sum per-prompt ``[sum, count]`` entries of several ranks."""
+    out: PromptStats = {}
+    for part in parts:
+        for p, (s, n) in part.items():
+            entry = out.setdefault(p, [0.0, 0.0])
+            entry[0] += s
+            entry[1] += n
+    return out
+
+
+def format_table(rows: dict[str, tuple[float, ...]], columns: tuple[str, ...], k: int, title: str) -> str:
+    """Markdown table of the ``k`` best and ``k`` worst rows by their first value (all rows, best
+    first, when there are at most ``2 k``); ints print as ints, floats with 4 significant digits."""
+    ranked = sorted(rows.items(), key=lambda item: item[1][0], reverse=True)
+    header = "| rank | prompt | " + " | ".join(columns) + " |\n|---|---|" + "---|" * len(columns) + "\n"
+
+    def lines(items: list[tuple[int, tuple[str, tuple[float, ...]]]]) -> str:
+        return "".join(
+            f"| {i + 1} | {_cell(p)} | " + " | ".join(_fmt(x) for x in values) + " |\n"
+            for i, (p, values) in items
+        )
+
+    numbered = list(enumerate(ranked))
+    if len(ranked) <= 2 * k:
+        return f"{title}\n\n{header}{lines(numbered)}"
+    return (
+        f"{title}\n\n**best {k}**\n\n{header}{lines(numbered[:k])}\n"
+        f"**worst {k}**\n\n{header}{lines(numbered[-k:])}"
+    )
+
+
+class RewardMetrics(Callback):
+    """Reward mean / std / max / min (and per component) per training step, epoch and validation.
+
+    Args:
+        log_components: also log every entry of ``reward_components``.
+        per_prompt_extremes: log the best / worst per-prompt mean reward of each step and keep the
+            running per-prompt table.
+        prompt_key: what ranks prompts: ``"reward"`` (the total) or ``"reward/<component>"``.
+        table_size: best and worst prompts shown in the text tables.
+    """
+
+    def __init__(
+        self,
+        log_components: bool = True,
+        per_prompt_extremes: bool = True,
+        prompt_key: str = "reward",
+        table_size: int = 5,
+    ) -> None:
+        if table_size < 1:
+            raise ValueError(f"RewardMetrics.table_size must be >= 1, got {table_size}")
+        if prompt_key != "reward" and not prompt_key.startswith("reward/"):
+            raise ValueError(
+                f"RewardMetrics.prompt_key must be 'reward' or 'reward/<component>', got {prompt_key!r}"
+            )
+        self.prompt_key = prompt_key
+        self.log_components = log_components
+        self.per_prompt_extremes = per_prompt_extremes
+        self.table_size = table_size
+        self.table: dict[str, list[float]] = {}  # prompt -> [sum, count, last step's mean]
+        self._metrics: dict[tuple[str, str], RewardStats] = {}  # (phase, name) -> statistics
+        self._val_prompts: list[PromptStats] = []
+        self._step_index: int | None = None
+        self._writers = TensorBoardWriters("RewardMetrics")
+
+    # ------------------------------------------------------------------------ helpers
+    def _metric(self, phase: str, name: str, device: torch.device) -> RewardStats:
+        key = (phase, name)
+        if key not in self._metrics:
+            self._metrics[key] = RewardStats().to(device)
+        return self._metrics[key]
+
+    def _read(self, outputs: Any, where: str) -> tuple[dict[str, Tensor], list[str]]:
+        """``({"reward": [L], "reward/<c>": [L], ...}, leaf prompts)`` from a step's outputs,
+        checked for shape and finiteness."""
+        if not isinstance(outputs, Mapping) or "rewards" not in outputs or "leaf_prompts" not in outputs:
+            raise ValueError(
+                f"RewardMetrics needs the {where} to return a dict with 'rewards', 'reward_components' "
+                f"and 'leaf_prompts'; got {type(outputs).__name__}"
+                + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
+            )
+        prompts = list(outputs["leaf_prompts"])
+        if not prompts:
+            raise ValueError(f"{where}: no leaf images (empty 'leaf_prompts'), nothing to measure")
+        values = {"reward": outputs["rewards"]}
+        values.update({f"reward/{k}": v for k, v in outputs.get("reward_components", {}).items()})
+        if self.per_prompt_extremes and self.prompt_key not in values:
+            raise ValueError(
+                f"RewardMetrics.prompt_key={self.prompt_key!r} is not among this {where}'s rewards "
+                f"{sorted(values)}"
+            )
+        for name, v in values.items():
+            if v.ndim != 1 or v.shape[0] != len(prompts):
+                raise ValueError(
+                    f"{where}: {name} has shape {tuple(v.shape)} but there are {len(prompts)} leaf_prompts"
+                )
+            bad = ~torch.isfinite(v)
+            if bool(bad.any()):
+                names = sorted({prompts[i] for i in bad.nonzero().flatten().tolist()})
+                raise ValueError(
+                    f"{where}: non-finite {name} ({int(bad.sum())} of {len(prompts)} leaves) for "
+                    f"prompts {names[:10]}{' ...' if len(names) > 10 else ''}"
+                )
+        return values, prompts
+
+    def _logged(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
+        return values if self.log_components else {"reward": values["reward"]}
+
+    @staticmethod
+    def _gather(trainer: pl.Trainer, obj: PromptStats) -> list[PromptStats]:
+        """Every rank's ``obj`` on every rank (strings cannot go through tensor collectives)."""
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return [obj]
+        parts: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(parts, obj)
+        return parts
+
+    @staticmethod
+    def _log_stats(
+        pl_module: pl.LightningModule, prefix: str, suffix: str, stats: dict[str, Tensor], **kw: Any
+    ) -> None:
+        """Log already reduced statistics (no further sync), ``reward/mean`` in the progress bar."""
+        for stat, value in stats.items():
+            name = f"{prefix}/{stat}{suffix}"
+            pl_module.log(name, value.float(), prog_bar=name == "reward/mean", **kw)
+
+    def _write_text(self, trainer: pl.Trainer, tag: str, text: str, step: int) -> None:
+        if trainer.is_global_zero:
+            for writer in self._writers(trainer):
+                writer.add_text(tag, text, global_step=step)
+                writer.flush()
+
+    def _running_table_text(self) -> str:
+        rows = {p: (s / n, last, int(n)) for p, (s, n, last) in self.table.items()}
+        title = f"per-prompt {self.prompt_key}, mean over training so far ({len(rows)} prompts)"
+        return format_table(rows, ("mean", "last step's mean", "leaves"), self.table_size, title)
+
+    # ------------------------------------------------------------------------ training
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_index = pl_module.iteration
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        values, prompts = self._read(outputs, f"training step {self._step_index}")
+        for name, v in self._logged(values).items():
+            step = self._metric("step", name, v.device)
+            step.update(v)
+            stats = step.compute()  # reduced over ranks
+            step.reset()
+            self._metric("epoch", name, v.device).update(v)
+            self._log_stats(pl_module, name, "", stats, on_step=True, on_epoch=False)
+        if self.per_prompt_extremes:
+            merged = merge_sums(self._gather(trainer, per_prompt_sums(values[self.prompt_key], prompts)))
+            means = {p: s / n for p, (s, n) in merged.items()}
+            pl_module.log(f"{self.prompt_key}/prompt_best", max(means.values()), on_step=True, on_epoch=False)
+            pl_module.log(f"{self.prompt_key}/prompt_worst", min(means.values()), on_step=True, on_epoch=False)
+            for p, (s, n) in merged.items():
+                entry = self.table.setdefault(p, [0.0, 0.0, 0.0])
+                entry[0] += s
+                entry[1] += n
+                entry[2] = s / n
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for (phase, name), metric in self._metrics.items():
+            if phase == "epoch" and metric.update_count > 0:
+                self._log_stats(pl_module, name, "_epoch", metric.compute(), on_step=False, on_epoch=True)
+                metric.reset()
+        if self.per_prompt_extremes and self.table:
+            self._write_text(trainer, "reward/prompts", self._running_table_text(), pl_module.iteration)
+
+    # ------------------------------------------------------------------------ validation
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        values, prompts = self._read(outputs, f"validation batch {batch_idx}")
+        for name, v in self._logged(values).items():
+            self._metric("val", name, v.device).update(v)
+        if self.per_prompt_extremes:
+            self._val_prompts.append(per_prompt_sums(values[self.prompt_key], prompts))
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        val_prompts, self._val_prompts = merge_sums(self._val_prompts), []
+        if trainer.sanity_checking:
+            for (phase, _), metric in self._metrics.items():
+                if phase == "val":
+                    metric.reset()
+            return
+        for (phase, name), metric in self._metrics.items():
+            if phase == "val" and metric.update_count > 0:
+                self._log_stats(pl_module, f"val/{name}", "", metric.compute(), on_step=False, on_epoch=True)
+                metric.reset()
+        if not self.per_prompt_extremes:
+            return
+        merged = merge_sums(self._gather(trainer, val_prompts))
+        if merged:
+            means = {p: s / n for p, (s, n) in merged.items()}
+            pl_module.log(f"val/{self.prompt_key}/prompt_best", max(means.values()), on_step=False, on_epoch=True)
+            pl_module.log(f"val/{self.prompt_key}/prompt_worst", min(means.values()), on_step=False, on_epoch=True)
+            rows = {p: (s / n, int(n)) for p, (s, n) in merged.items()}
+            title = f"validation {self.prompt_key} per prompt ({len(rows)} prompts)"
+            text = format_table(rows, ("mean", "images"), self.table_size, title)
+            self._write_text(trainer, "val/reward/prompts", text, pl_module.iteration)
+        if self.table:
+            self._write_text(trainer, "reward/prompts", self._running_table_text(), pl_module.iteration)
+
+    # ------------------------------------------------------------------------ resume
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"prompt_key": self.prompt_key, "table": {p: list(v) for p, v in self.table.items()}}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["prompt_key"] != self.prompt_key:
+            rank_zero_warn(
+                f"RewardMetrics.prompt_key changed from {state_dict['prompt_key']!r} to "
+                f"{self.prompt_key!r}; the running per-prompt table starts afresh"
+            )
+            return
+        self.table = {p: [float(x) for x in v] for p, v in state_dict["table"].items()}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:.4g}"

@@ -1,0 +1,184 @@
+"""A fixed grid of deterministic samples, logged to TensorBoard as training goes.
+
+Rows are prompts, columns are seeds; the same prompts and seeds at every logging step, so the grid
+shows the policy changing and nothing else. Sampling is the module's deterministic ODE sampler
+(``pl_module.sample``), with the EMA weights when an :class:`~lit_treegrpo.callbacks.EMA` callback
+applies to sample grids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from typing_extensions import override
+
+from ._tensorboard import TensorBoardWriters
+from .ema import EMA
+
+DEFAULT_PROMPTS = ("a red circle", "a blue square", "a green triangle", "a photo of a cat")
+
+
+def make_grid(images: Tensor, padding: int = 2, pad_value: float = 1.0) -> Tensor:
+    """Tile ``images`` [R, C, 3, H, W] into one image [3, R*H + (R+1)*p, C*W + (C+1)*p]: row ``r``,
+    column ``c`` at ``[p + r*(H+p) : ..., p + c*(W+p) : ...]``, ``pad_value`` between and around."""
+    if images.ndim != 5:
+        raise ValueError(f"make_grid expects [rows, cols, channels, H, W], got shape {tuple(images.shape)}")
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    R, C, ch, H, W = images.shape
+    p = padding
+    grid = images.new_full((ch, R * H + (R + 1) * p, C * W + (C + 1) * p), pad_value)  # [ch, H', W']
+    for r in range(R):
+        for c in range(C):
+            top, left = p + r * (H + p), p + c * (W + p)
+            grid[:, top : top + H, left : left + W] = images[r, c]
+    return grid
+
+
+def to_uint8_hwc(image: Tensor) -> Tensor:
+    """[3, H, W] in [0, 1] -> [H, W, 3] uint8 on the CPU, rounded to the nearest level."""
+    return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+
+
+class SampleGridLogger(Callback):
+    """Every ``every_n_steps`` training steps, sample ``prompts`` x ``seeds`` and log one grid.
+
+    Grids are made before the first training step (``log_at_start``; on a resumed run, at the
+    resume point), before every step whose index is a positive multiple of ``every_n_steps`` (i.e.
+    after that many completed steps, with the EMA of the step before it), and at the end of training.
+    Each is logged with ``add_image(tag, grid, global_step=iteration)`` to every TensorBoardLogger
+    and, with ``save_png``, written to ``<default_root_dir>/samples/step_{iteration:06d}.png``.
+    Every rank samples (a sharded model needs all ranks in its forward); rank zero writes.
+
+    Args:
+        prompts: one grid row each (default: four simple prompts).
+        seeds: one grid column each, passed to ``pl_module.sample(prompts, seed)``.
+        every_n_steps: training steps between two grids.
+        log_at_start: also log a grid before the first training step of a fit.
+        tag: TensorBoard tag of the image (the prompt list goes to ``<tag>/prompts``).
+        save_png: also save each grid as a PNG file.
+        padding: pixels between and around the images of the grid.
+    """
+
+    def __init__(
+        self,
+        prompts: Sequence[str] | None = None,
+        seeds: Sequence[int] = (0, 1),
+        every_n_steps: int = 50,
+        log_at_start: bool = True,
+        tag: str = "samples",
+        save_png: bool = True,
+        padding: int = 2,
+    ) -> None:
+        if isinstance(prompts, str):
+            raise ValueError(f"SampleGridLogger.prompts must be a list of prompts, got the string {prompts!r}")
+        prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
+        if not prompts:
+            raise ValueError("SampleGridLogger.prompts must be a non-empty list of prompts")
+        if not seeds:
+            raise ValueError("SampleGridLogger.seeds must be a non-empty list of seeds")
+        if every_n_steps < 1:
+            raise ValueError(f"SampleGridLogger.every_n_steps must be >= 1, got {every_n_steps}")
+        if not tag:
+            raise ValueError("SampleGridLogger.tag must be a non-empty string")
+        if padding < 0:
+            raise ValueError(f"SampleGridLogger.padding must be >= 0, got {padding}")
+        self.prompts = prompts
+        self.seeds = [int(s) for s in seeds]
+        self.every_n_steps = every_n_steps
+        self.log_at_start = log_at_start
+        self.tag = tag
+        self.save_png = save_png
+        self.padding = padding
+        self.last_logged: int | None = None  # iteration of the latest grid
+        self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
+        self._prompts_written = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(tag=self.tag)
+
+    # ------------------------------------------------------------------------ the grid
+    def make(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
+        """The grid [3, H', W'] of the current weights (the EMA's if ``ema`` is given)."""
+        context = ema.swapped(pl_module) if ema is not None else contextlib.nullcontext()
+        columns = []
+        with torch.no_grad(), context:
+            for seed in self.seeds:
+                images = pl_module.sample(self.prompts, seed)  # [P, 3, H, W]
+                if images.ndim != 4 or images.shape[:2] != (len(self.prompts), 3):
+                    raise ValueError(
+                        f"pl_module.sample returned shape {tuple(images.shape)} for {len(self.prompts)} "
+                        "prompts; expected [P, 3, H, W]"
+                    )
+                columns.append(images.detach().float().cpu())
+        return make_grid(torch.stack(columns, dim=1), padding=self.padding)  # rows: prompts
+
+    def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        iteration = pl_module.iteration
+        grid = self.make(pl_module, _ema_for_grids(trainer))
+        self.last_logged = iteration
+        if not trainer.is_global_zero:
+            return
+        pixels = to_uint8_hwc(grid)  # quantised once: TensorBoard and the PNG hold the same bytes
+        for writer in self._writers(trainer):
+            if not self._prompts_written:
+                rows = "\n".join(f"| {r} | {_cell(p)} |" for r, p in enumerate(self.prompts))
+                text = f"columns: seeds {self.seeds}\n\n| row | prompt |\n|---|---|\n{rows}"
+                writer.add_text(f"{self.tag}/prompts", text, global_step=iteration)
+            writer.add_image(self.tag, pixels, global_step=iteration, dataformats="HWC")
+            writer.flush()
+        self._prompts_written = True
+        if self.save_png:
+            from PIL import Image
+
+            folder = Path(trainer.default_root_dir) / "samples"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels.numpy()).save(folder / f"step_{iteration:06d}.png")
+
+    # ------------------------------------------------------------------------ hooks
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.log_at_start and self.last_logged != pl_module.iteration:
+            self.log_grid(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # before step n = after n completed steps and their EMA updates, whatever the callback order
+        n = pl_module.iteration
+        if n > 0 and n % self.every_n_steps == 0 and self.last_logged != n:
+            self.log_grid(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.last_logged != pl_module.iteration:
+            self.log_grid(trainer, pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_logged": self.last_logged}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_logged = state_dict["last_logged"]
+
+
+def _ema_for_grids(trainer: pl.Trainer) -> EMA | None:
+    emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)]
+    if len(emas) > 1:
+        raise ValueError(f"SampleGridLogger found {len(emas)} EMA callbacks; use one")
+    return emas[0] if emas and "sample_grid" in emas[0].apply_on else None
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

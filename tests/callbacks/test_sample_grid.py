@@ -1,0 +1,75 @@
+"""SampleGridLogger: the grid layout by hand, option checks, loggers without images."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lit_treegrpo.callbacks import SampleGridLogger, make_grid
+
+from .helpers import TRAIN_PROMPTS, StandIn, prompt_loader, trainer
+
+
+def test_make_grid_hand_layout() -> None:
+    # 2 rows x 3 columns of 1x2 images with value 10 r + c, padding 1 of value -1 -> 5 x 10
+    images = torch.tensor([[10.0 * r + c for c in range(3)] for r in range(2)])  # [2, 3]
+    images = images[:, :, None, None, None].expand(2, 3, 3, 1, 2)  # [R, C, 3, H=1, W=2]
+    grid = make_grid(images, padding=1, pad_value=-1.0)
+    assert grid.shape == (3, 5, 10)
+    pad = [-1.0] * 10
+    expected = torch.tensor(
+        [
+            pad,
+            [-1, 0, 0, -1, 1, 1, -1, 2, 2, -1],
+            pad,
+            [-1, 10, 10, -1, 11, 11, -1, 12, 12, -1],
+            pad,
+        ]
+    )
+    for channel in grid:
+        assert torch.equal(channel, expected)
+
+
+def test_make_grid_without_padding_is_concatenation() -> None:
+    images = torch.rand(3, 2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    rows = [torch.cat(list(images[r]), dim=2) for r in range(3)]  # each [3, 4, 10]
+    assert torch.equal(make_grid(images, padding=0), torch.cat(rows, dim=1))
+    with pytest.raises(ValueError, match="rows, cols"):
+        make_grid(images[0])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(prompts=[]), "SampleGridLogger.prompts"),
+        (dict(prompts="a cat"), "SampleGridLogger.prompts"),
+        (dict(seeds=[]), "SampleGridLogger.seeds"),
+        (dict(every_n_steps=0), "SampleGridLogger.every_n_steps"),
+        (dict(tag=""), "SampleGridLogger.tag"),
+        (dict(padding=-1), "SampleGridLogger.padding"),
+    ],
+)
+def test_invalid_options_are_named(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SampleGridLogger(**options)
+
+
+def test_default_prompts_and_state_key() -> None:
+    cb = SampleGridLogger()
+    assert cb.prompts == ["a red circle", "a blue square", "a green triangle", "a photo of a cat"]
+    assert cb.seeds == [0, 1]
+    assert SampleGridLogger(tag="a").state_key != SampleGridLogger(tag="b").state_key
+
+
+def test_without_tensorboard_warns_once_and_still_writes_pngs(tmp_path) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    cb = SampleGridLogger(prompts=TRAIN_PROMPTS[:1], seeds=[0], every_n_steps=1)
+    fit = trainer(tmp_path, 2, [cb], logger=CSVLogger(str(tmp_path)))
+    with pytest.warns(UserWarning, match="TensorBoard only") as record:
+        fit.fit(StandIn(), prompt_loader(TRAIN_PROMPTS))
+    assert sum("TensorBoard only" in str(w.message) for w in record) == 1
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == [
+        "step_000000.png",
+        "step_000001.png",
+        "step_000002.png",
+    ]
