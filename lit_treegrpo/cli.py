@@ -100,7 +100,7 @@ class TreeGRPOCLI(LightningCLI):
         if self.config.get(key) != "last":
             return
         last = self._root() / "checkpoints" / "last.ckpt"
-        if not last.is_file():
+        if not last.exists():  # a file, or a folder for distributed (FSDP2) checkpoints
             raise UserError(
                 f"--ckpt_path last: no checkpoint at {last}; check --trainer.default_root_dir, or "
                 f"drop --ckpt_path to start a new run"

@@ -31,6 +31,7 @@ from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_mini
 from .core.spec import TreeSpec
 from .data import PromptBatch
 from .models.base import Cond, DiffusionAdapter
+from .rewards import MultiReward, RewardModel, build_reward
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
@@ -59,7 +60,10 @@ class TreeGRPOModule(LightningModule):
 
     Args:
         adapter: the model family (``lit_treegrpo.models``): SD15Adapter, SD3Adapter, a tiny one...
-        reward: a ``RewardModel`` scoring decoded images against their prompts (or a MultiReward).
+        reward: what scores the decoded images against their prompts: a registered name
+            (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``,
+            ``jpeg_compressibility``, ``jpeg_incompressibility``), a mapping name -> weight for a
+            MultiReward (normalised per prompt, then weighted, as TreeGRPO), or a RewardModel.
         tree: the rollout tree per prompt (``configs/trees/*.yaml`` hold every method's).
         advantage: advantage estimator settings.
         loss: the clipped policy loss (clip range, advantage clip, KL weight, aggregation).
@@ -76,12 +80,13 @@ class TreeGRPOModule(LightningModule):
         seed: seeds every rollout, together with the iteration and the prompt's position.
         shared_noise: give all ``num_trees`` roots of a prompt the same initial noise (DanceGRPO).
         val_seed: seed of the deterministic validation / test / predict samples.
+        reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
     """
 
     def __init__(
         self,
         adapter: DiffusionAdapter,
-        reward: torch.nn.Module,
+        reward: RewardModel | str | dict[str, float],
         tree: TreeSpec,
         advantage: AdvantageSettings = AdvantageSettings(),
         loss: ClippedPolicyLoss | None = None,
@@ -95,6 +100,7 @@ class TreeGRPOModule(LightningModule):
         seed: int = 0,
         shared_noise: bool = False,
         val_seed: int = 1234,
+        reward_kwargs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         if tree.num_steps != adapter.num_steps:
@@ -108,8 +114,7 @@ class TreeGRPOModule(LightningModule):
         if grad_clip is not None and grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0 or null, got {grad_clip}")
         self.adapter = adapter
-        self.reward = reward
-        self.reward.requires_grad_(False)
+        self.reward = build_rewards(reward, reward_kwargs or {})
         self.tree = tree
         self.advantage = advantage
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
@@ -128,6 +133,30 @@ class TreeGRPOModule(LightningModule):
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
+
+    # ------------------------------------------------------------------------ sharding
+    def configure_model(self) -> None:
+        """FSDP2 under ``ModelParallelStrategy``: shard the denoiser's blocks, then the denoiser,
+        over the data-parallel mesh (frozen encoders and the VAE stay replicated; each rank keeps
+        whole prompt trees). Other strategies need nothing here."""
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        if self.trainer.strategy._save_distributed_checkpoint:
+            raise ValueError(
+                "ModelParallelStrategy(save_distributed_checkpoint=True) writes a sharded checkpoint of "
+                "every weight, which this module's trainable-only checkpoints cannot resume from; set "
+                "trainer.strategy.init_args.save_distributed_checkpoint: false"
+            )
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        denoiser = self.adapter.denoiser
+        for blocks in ("transformer_blocks", "down_blocks", "up_blocks"):
+            for block in getattr(denoiser, blocks, []):
+                fully_shard(block, mesh=mesh)
+        fully_shard(denoiser, mesh=mesh)
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
@@ -160,7 +189,7 @@ class TreeGRPOModule(LightningModule):
     # ------------------------------------------------------------------------ scoring
     def _score(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor]]:
         """Total reward [L] float32 and its components (empty for a single reward)."""
-        if hasattr(self.reward, "score"):  # MultiReward: total plus named components
+        if isinstance(self.reward, MultiReward):  # the total plus its named components
             scores = self.reward.score(images, prompts)
             return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
         return self.reward(images, prompts).float(), {}
@@ -351,9 +380,13 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
+        self._sync_data_stream()
+
+    def _sync_data_stream(self) -> None:
+        """Start the prompt stream where the module is (0, or the resumed iteration)."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None and hasattr(datamodule, "start_index"):
-            datamodule.start_index = self.iteration  # the data stream resumes with the module
+            datamodule.start_index = self.iteration
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
@@ -384,10 +417,34 @@ class TreeGRPOModule(LightningModule):
                 f"the checkpoint was trained with tree {saved['fingerprint']['tree']}, this run has "
                 f"{mine['tree']}; resume with the same --model.tree"
             )
-        missing = set(mine["trainable"]) - set(checkpoint["state_dict"])
+        # (a sharded strategy loads the weights itself and hands over no "state_dict")
+        missing = set(mine["trainable"]) - set(checkpoint.get("state_dict", mine["trainable"]))
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
         self.iteration = int(saved["iteration"])
+        self._sync_data_stream()  # sharded strategies restore after on_fit_start
+
+
+def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
+    """A RewardModel from a name, a name -> weight mapping, or a ready model (validated early)."""
+    if isinstance(reward, str):
+        unknown = set(kwargs) - {reward}
+        if unknown:
+            raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not the reward {reward!r}")
+        return build_reward(reward, **kwargs.get(reward, {}))
+    if isinstance(reward, dict):
+        if not reward:
+            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
+        unknown = set(kwargs) - set(reward)
+        if unknown:
+            raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {sorted(reward)}")
+        models = {name: build_reward(name, **kwargs.get(name, {})) for name in reward}
+        return MultiReward(models, weights=dict(reward))
+    if not isinstance(reward, RewardModel):
+        raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
+    if kwargs:
+        raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
+    return reward
 
 
 _LOSS_STATS = ("loss", "policy_loss", "kl", "ratio_mean", "clip_frac", "approx_kl")

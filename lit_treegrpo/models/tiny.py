@@ -53,10 +53,8 @@ def tiny_clip_tokenizer(folder: str | Path, model_max_length: int = 77):
     from transformers import CLIPTokenizer
 
     vocab_file, merges_file = write_clip_vocab(folder)
-    tokenizer = CLIPTokenizer(
-        vocab=str(vocab_file), merges=str(merges_file), model_max_length=model_max_length
-    )
-    return tokenizer
+    # positional: transformers 4 names them vocab_file / merges_file, 5 names them vocab / merges
+    return CLIPTokenizer(str(vocab_file), str(merges_file), model_max_length=model_max_length)
 
 
 def tiny_t5_tokenizer(model_max_length: int = 128):

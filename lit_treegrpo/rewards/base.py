@@ -1,0 +1,399 @@
+"""The reward interface: :class:`RewardModel`, :class:`MultiReward`, and torch-only preprocessing.
+
+A reward scores a batch of decoded images against their prompts in one call:
+``forward(images [B, 3, H, W] in [0, 1], prompts: list[str]) -> Tensor[B]`` (float32, finite or an
+error). Peers score one PIL image at a time, some through PNG files on disk (DanceGRPO); here the
+resizing, cropping and normalisation happen on the tensor, on whatever device the images are on.
+
+Subclasses implement :meth:`RewardModel.score_batch` only; ``forward`` validates the inputs, runs
+``score_batch`` under ``no_grad`` in chunks of ``max_batch``, casts to float32 and refuses
+non-finite scores with the reward's name, the indices and the prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal, NamedTuple, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_treegrpo.core.advantages import normalize_per_group
+
+# OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+AGGREGATES: tuple[str, ...] = ("normalize_then_weight", "weighted_sum")
+_SHOW = 8  # how many offending indices / prompts an error message lists
+
+T = TypeVar("T")
+
+
+class NonFiniteRewardError(ValueError):
+    """A reward produced NaN or infinite scores."""
+
+
+class RewardLoadError(OSError):
+    """Weights, a tokenizer or a checkpoint could not be found or loaded (one-line message)."""
+
+
+# --------------------------------------------------------------------------------------------
+# torch-only preprocessing (no PIL round trip)
+# --------------------------------------------------------------------------------------------
+
+
+def resize(images: Tensor, size: tuple[int, int]) -> Tensor:
+    """Bicubic resize of ``images`` [B, C, H, W] to ``size`` (h, w), antialiased, clamped to [0, 1].
+
+    ``antialias=True`` makes torch use PIL's bicubic kernel (a = -0.5) for down- and upsampling,
+    so the result is close to what the PIL-based preprocessors of CLIP/BLIP compute (they round to
+    uint8 in between, which is why "close" is not "equal"). The same size returns the input.
+    """
+    if tuple(images.shape[-2:]) == tuple(size):
+        return images
+    out = F.interpolate(images.float(), size=size, mode="bicubic", antialias=True)  # [B,C,h,w]
+    return out.clamp_(0.0, 1.0)  # bicubic overshoots; PIL saturates at the uint8 range
+
+
+def resize_shorter_side(images: Tensor, size: int) -> Tensor:
+    """Scale ``images`` [B, C, H, W] so that the shorter side is ``size``, as torchvision's
+    ``Resize(int)``: the longer side becomes ``int(size * long / short)``."""
+    h, w = images.shape[-2:]
+    if h <= w:
+        return resize(images, (size, int(size * w / h)))
+    return resize(images, (int(size * h / w), size))
+
+
+def center_crop(images: Tensor, size: int) -> Tensor:
+    """Central ``size`` x ``size`` crop of ``images`` [B, C, H, W] (torchvision's offsets)."""
+    h, w = images.shape[-2:]
+    if h < size or w < size:
+        raise ValueError(f"center_crop: image {h}x{w} is smaller than the crop {size}x{size}")
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return images[..., top : top + size, left : left + size]  # [B, C, size, size]
+
+
+def resize_longer_side_and_pad(images: Tensor, size: int, fill: float = 0.0) -> Tensor:
+    """Scale so that the longer side is ``size``, then pad to a centred square with ``fill``.
+
+    OpenCLIP's ``resize_longest_max`` validation transform, which HPSv2 scores with (HPSv2's
+    ``create_model_and_transforms``): new side ``round(side * size / longer)``, padding split as
+    ``pad // 2`` before and the rest after.
+    """
+    h, w = images.shape[-2:]
+    scale = size / max(h, w)
+    nh, nw = round(h * scale), round(w * scale)
+    out = resize(images, (nh, nw))  # [B, C, nh, nw]
+    ph, pw = size - nh, size - nw
+    if ph or pw:
+        out = F.pad(out, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2), value=fill)
+    return out  # [B, C, size, size]
+
+
+def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """``(images - mean) / std`` per channel; ``images`` [B, C, H, W]."""
+    m = torch.tensor(mean, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    return (images - m) / s  # [B, C, H, W]
+
+
+def clip_pixels(images: Tensor, size: int) -> Tensor:
+    """CLIP's validation transform in torch: shorter side to ``size`` (bicubic), centre crop,
+    OpenAI mean/std. ``images`` [B, 3, H, W] in [0, 1] -> [B, 3, size, size] float32."""
+    return normalize(
+        center_crop(resize_shorter_side(images.float(), size), size), CLIP_MEAN, CLIP_STD
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+# --------------------------------------------------------------------------------------------
+
+
+def check_inputs(images: Tensor, prompts: Sequence[str], name: str) -> None:
+    """Validate ``images`` [B, 3, H, W] float in [0, 1] and ``prompts`` (B strings)."""
+    if not isinstance(images, Tensor):
+        raise TypeError(
+            f"reward '{name}': images must be a torch.Tensor [B, 3, H, W], "
+            f"got {type(images).__name__}"
+        )
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(
+            f"reward '{name}': images must have shape [B, 3, H, W], got {list(images.shape)}"
+        )
+    if images.shape[0] == 0:
+        raise ValueError(f"reward '{name}': got an empty batch of images")
+    if not images.is_floating_point():
+        raise ValueError(
+            f"reward '{name}': images must be floating point in [0, 1], got {images.dtype}; "
+            "convert uint8 images with images.float() / 255"
+        )
+    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError(f"reward '{name}': prompts must be a list of strings, one per image")
+    if len(prompts) != images.shape[0]:
+        raise ValueError(
+            f"reward '{name}': got {images.shape[0]} images but {len(prompts)} prompts; "
+            "pass one prompt per image (repeat a prompt for each of its leaves)"
+        )
+    images = images.detach()
+    finite = torch.isfinite(images).flatten(1).all(dim=1)  # [B]
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().squeeze(1).tolist()
+        raise ValueError(f"reward '{name}': images {bad[:_SHOW]} contain NaN or inf")
+    lo, hi = float(images.min()), float(images.max())
+    if lo < 0.0 or hi > 1.0:
+        raise ValueError(
+            f"reward '{name}': images must lie in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; "
+            "decode to [0, 1] first (e.g. (x / 2 + 0.5).clamp(0, 1))"
+        )
+
+
+def check_finite(scores: Tensor, name: str, prompts: Sequence[str]) -> None:
+    """Raise :class:`NonFiniteRewardError` naming ``name``, the indices and their prompts."""
+    bad = ~torch.isfinite(scores)  # [B]
+    if bool(bad.any()):
+        idx = bad.nonzero().squeeze(1).tolist()
+        shown = [prompts[i] for i in idx[:_SHOW]]
+        raise NonFiniteRewardError(
+            f"reward '{name}' gave non-finite scores for {len(idx)} of {scores.numel()} images "
+            f"(indices {idx[:_SHOW]}, prompts {shown})"
+        )
+
+
+def looks_like_path(name_or_path: str | Path) -> bool:
+    """An absolute or explicitly relative path (a hub id is ``owner/name``)."""
+    return isinstance(name_or_path, Path) or str(name_or_path).startswith(("/", "./", "../", "~"))
+
+
+def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T]) -> T:
+    """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
+    cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path."""
+    if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
+        raise RewardLoadError(f"cannot load {what}: no such file or folder '{name_or_path}'")
+    try:
+        return load()
+    except OSError as err:
+        local = Path(name_or_path).exists()
+        where = "the local path exists but" if local else "not a local path, and the hub copy"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RewardLoadError(
+            f"cannot load {what} from '{name_or_path}': {where} could not be read ({first}); "
+            "fetch it once with network access (it is then cached) or pass a local path"
+        ) from err
+
+
+def resolve_file(spec: str | Path, what: str) -> Path:
+    """A local file, or ``owner/repo/filename`` fetched through the Hugging Face cache."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    parts = str(spec).split("/")
+    if path.exists() or len(parts) < 3 or looks_like_path(spec):
+        raise RewardLoadError(
+            f"cannot load {what}: '{spec}' is not a file; pass a local file or "
+            "'owner/repo/filename' on the Hugging Face hub"
+        )
+    from huggingface_hub import hf_hub_download
+
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
+    return Path(load_or_explain(what, spec, lambda: hf_hub_download(repo, filename)))
+
+
+def load_tokenizer(name_or_path: str | Path, what: str):
+    """``AutoTokenizer.from_pretrained`` that refuses a silently empty tokenizer: offline, or from a
+    folder without vocabulary files, transformers can build one holding only special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = load_or_explain(
+        what, name_or_path, lambda: AutoTokenizer.from_pretrained(str(name_or_path))
+    )
+    if len(tok) <= len(set(tok.all_special_ids)):
+        raise RewardLoadError(
+            f"cannot load {what} from '{name_or_path}': the tokenizer has no vocabulary "
+            f"({len(tok)} tokens, all special); its vocabulary files are missing"
+        )
+    return tok
+
+
+# --------------------------------------------------------------------------------------------
+# the interface
+# --------------------------------------------------------------------------------------------
+
+
+class RewardModel(nn.Module):
+    """A frozen scorer of images against prompts, run in eval mode without gradients.
+
+    Subclasses implement :meth:`score_batch` and call :meth:`freeze` at the end of ``__init__``.
+
+    Args:
+        max_batch: images per :meth:`score_batch` call (``None``: the whole batch at once); bounds
+            memory for large trees without changing the scores.
+    """
+
+    name: str = "reward"
+    #: whether the score depends on the prompt (documentation and tests)
+    uses_prompt: bool = True
+
+    def __init__(self, max_batch: int | None = None) -> None:
+        super().__init__()
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(
+                f"reward '{self.name}': max_batch must be >= 1 or None, got {max_batch}"
+            )
+        self.max_batch = max_batch
+
+    def freeze(self) -> None:
+        """Eval mode and ``requires_grad=False`` on every parameter."""
+        for p in self.parameters():
+            p.requires_grad_(False)
+        super().train(False)
+
+    def train(self, mode: bool = True) -> RewardModel:
+        """Rewards stay in eval mode (dropout off) whatever the parent module does."""
+        return super().train(False)
+
+    def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:
+        """Scores [B] of validated ``images`` [B, 3, H, W] in [0, 1]; called under ``no_grad``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement score_batch")
+
+    def raw_scores(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
+        """``score_batch`` in chunks of ``max_batch``, without the checks: float32 [B]."""
+        prompts = list(prompts)
+        step = self.max_batch or images.shape[0]
+        with torch.no_grad():
+            chunks = [
+                self.score_batch(images[i : i + step], prompts[i : i + step]).reshape(-1).float()
+                for i in range(0, images.shape[0], step)
+            ]
+        scores = torch.cat(chunks)  # [B]
+        if scores.shape != (images.shape[0],):
+            raise RuntimeError(
+                f"reward '{self.name}' returned {scores.numel()} scores "
+                f"for {images.shape[0]} images"
+            )
+        return scores
+
+    def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
+        """Scores [B] float32 of ``images`` [B, 3, H, W] in [0, 1] against ``prompts`` (B strings).
+
+        Raises:
+            TypeError, ValueError: malformed images or prompts (shape, dtype, range, count).
+            NonFiniteRewardError: NaN / inf scores, naming the reward, the indices and prompts.
+        """
+        check_inputs(images, prompts, self.name)
+        scores = self.raw_scores(images, prompts)  # [B]
+        check_finite(scores, self.name, prompts)
+        return scores
+
+    def param_dtype(self) -> torch.dtype:
+        """dtype of the first floating parameter (float32 for parameter-free rewards)."""
+        for p in self.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.float32
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, max_batch={self.max_batch}"
+
+
+class RewardScores(NamedTuple):
+    """What :meth:`MultiReward.score` returns: the aggregate and every component, for logging."""
+
+    total: Tensor  # [B] float32
+    components: dict[str, Tensor]  # name -> [B] float32 raw (un-normalised) scores
+
+
+def unique_prompts(prompts: Sequence[str]) -> tuple[list[str], Tensor]:
+    """Distinct prompts (in order of first appearance) and the [B] long index of each prompt
+    among them. A tree's leaves share their prompt string."""
+    ids: dict[str, int] = {}
+    index = [ids.setdefault(p, len(ids)) for p in prompts]
+    return list(ids), torch.tensor(index, dtype=torch.long)
+
+
+class MultiReward(RewardModel):
+    """Several rewards combined into one score per image.
+
+    ``aggregate="normalize_then_weight"`` (TreeGRPO's multi-reward, also Flow-GRPO's): every
+    component is normalised within each prompt group, ``(r - mean) / (std + eps)`` with the
+    population std, then the weighted sum is taken. Images that share a prompt string form a
+    group, so all leaves of a prompt must be scored in the same call. ``"weighted_sum"`` weights
+    the raw scores.
+
+    Args:
+        rewards: name -> reward model; the names label the components in logs and errors.
+        weights: name -> weight, one for every reward (``None``: all 1).
+        aggregate: ``"normalize_then_weight"`` or ``"weighted_sum"``.
+        eps: added to the per-group std.
+    """
+
+    name = "multi"
+
+    def __init__(
+        self,
+        rewards: Mapping[str, RewardModel],
+        weights: Mapping[str, float] | None = None,
+        aggregate: Literal["normalize_then_weight", "weighted_sum"] = "normalize_then_weight",
+        eps: float = 1e-8,
+    ) -> None:
+        super().__init__()
+        if not rewards:
+            raise ValueError("MultiReward: rewards is empty; give at least one name -> reward")
+        if aggregate not in AGGREGATES:
+            raise ValueError(
+                f"MultiReward: aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}"
+            )
+        for key, reward in rewards.items():
+            if not isinstance(reward, RewardModel):
+                raise TypeError(
+                    f"MultiReward: reward '{key}' must be a RewardModel, "
+                    f"got {type(reward).__name__}"
+                )
+        weights = {k: 1.0 for k in rewards} if weights is None else dict(weights)
+        missing, unknown = set(rewards) - set(weights), set(weights) - set(rewards)
+        if missing or unknown:
+            raise ValueError(
+                f"MultiReward: weights must name exactly the rewards {sorted(rewards)}; "
+                f"missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
+        bad = [k for k, w in weights.items() if not math.isfinite(float(w))]
+        if bad:
+            raise ValueError(f"MultiReward: weights of {bad} are not finite")
+        self.rewards = nn.ModuleDict(dict(rewards))
+        self.weights = {k: float(weights[k]) for k in rewards}
+        self.aggregate = aggregate
+        self.eps = eps
+        self.uses_prompt = any(r.uses_prompt for r in rewards.values())
+        self.freeze()
+
+    def score(self, images: Tensor, prompts: Sequence[str]) -> RewardScores:
+        """Aggregate [B] and the raw component scores [B] of every reward."""
+        check_inputs(images, prompts, self.name)
+        components: dict[str, Tensor] = {}
+        for key, reward in self.rewards.items():
+            s = reward.raw_scores(images, prompts)  # [B]; the inputs were validated once, above
+            check_finite(s, f"{self.name}/{key}", prompts)
+            components[key] = s
+        cols = torch.stack(list(components.values()), dim=1)  # [B, K]
+        w = torch.tensor(list(self.weights.values()), dtype=cols.dtype, device=cols.device)  # [K]
+        if self.aggregate == "normalize_then_weight":
+            cols = normalize_per_group(
+                cols, unique_prompts(prompts)[1].to(cols.device), self.eps
+            )  # [B, K]
+        total = cols @ w  # [B]
+        check_finite(total, self.name, prompts)
+        return RewardScores(total, components)
+
+    def raw_scores(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
+        return self.score(images, prompts).total
+
+    def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
+        """The aggregate [B]; use :meth:`score` for the components too."""
+        return self.score(images, prompts).total
+
+    def extra_repr(self) -> str:
+        return f"aggregate={self.aggregate!r}, weights={self.weights}"

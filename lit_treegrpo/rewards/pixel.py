@@ -1,0 +1,42 @@
+"""Brightness: a verifiable, prompt-free pixel reward for smoke tests and tiny models.
+
+Real rewards (HPS, ImageReward, ...) need downloaded weights; the tiny random models that tests
+and ``configs/tiny.yaml`` train cannot meaningfully move a JPEG size or a random CLIP score within
+a few steps, but they can move mean brightness. It is the reward of the pipeline's smoke test, not
+an alignment objective.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from lit_treegrpo.rewards.base import RewardModel
+
+_LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma weights
+
+
+class Brightness(RewardModel):
+    """Mean luma of the image in [0, 1]; with ``target`` set, ``-|luma - target|`` instead.
+
+    Args:
+        target: desired mean luma in [0, 1]; ``None`` rewards brighter images.
+        max_batch: images per scoring call (``None``: all at once).
+    """
+
+    name = "brightness"
+    uses_prompt = False
+
+    def __init__(self, target: float | None = None, max_batch: int | None = None) -> None:
+        super().__init__(max_batch=max_batch)
+        if target is not None and not 0.0 <= target <= 1.0:
+            raise ValueError(f"reward 'brightness': target must be in [0, 1] or None, got {target}")
+        self.target = target
+        self.freeze()
+
+    def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:
+        r, g, b = images.float().unbind(dim=1)  # [B, H, W] each
+        luma = (_LUMA[0] * r + _LUMA[1] * g + _LUMA[2] * b).mean(dim=(1, 2))  # [B]
+        return luma if self.target is None else -(luma - self.target).abs()
+
+    def extra_repr(self) -> str:
+        return f"target={self.target}, " + super().extra_repr()

@@ -1,0 +1,207 @@
+"""The command line end to end: real subprocesses of ``python -m lit_treegrpo`` on tiny models."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "tiny.yaml"
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def run_cli(*args: str, root: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LIT_TREEGRPO_DEBUG", None)
+    extra = ["--trainer.default_root_dir", str(root)] if root is not None else []
+    return subprocess.run(
+        [sys.executable, "-m", "lit_treegrpo", *args, *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def fit(root: Path, *args: str, config: Path = TINY) -> subprocess.CompletedProcess:
+    result = run_cli("fit", "--config", str(config), *QUIET, *args, root=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def scalars(root: Path, tag: str) -> list[tuple[int, float]]:
+    values = []
+    for events in sorted((root / "tensorboard").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "images": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            values += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return values
+
+
+def trainable(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_tiny_fit_logs_a_sample_grid_and_reward_scalars(tmp_path: Path) -> None:
+    fit(tmp_path, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2")
+    events = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    assert "samples" in acc.Tags()["images"]
+    grid = acc.Images("samples")[-1]
+    assert grid.width > 32 and grid.height > 32
+    for tag in ("reward", "loss", "reward/mean", "val/reward", "nfe/rollout", "time/rollout_s"):
+        assert tag in acc.Tags()["scalars"], tag
+    assert len(acc.Scalars("reward")) == 4
+    # 2 prompts x 4 leaves x (1 + 2 + 2 + 4) evaluations of the k=2 tree over 4 steps
+    assert {e.value for e in acc.Scalars("nfe/rollout")} == {2 * (1 + 2 + 4 + 4)}
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    state = trainable(ckpt)
+    assert state and all("lora_" in k for k in state)  # only the trainable weights are saved
+    assert ckpt.stat().st_size < 2_000_000
+
+
+def test_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -> None:
+    full, part = tmp_path / "full", tmp_path / "part"
+    args = ("--trainer.val_check_interval", "100", "--trainer.limit_val_batches", "0")
+    fit(full, "--trainer.max_steps", "6", *args)
+    fit(part, "--trainer.max_steps", "3", *args)
+    resumed = fit(part, "--trainer.max_steps", "6", "--ckpt_path", "last", *args)
+    assert "Resuming from" in resumed.stdout + resumed.stderr
+    a, b = trainable(full / "checkpoints" / "last.ckpt"), trainable(part / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed parameters differ from the uninterrupted run"
+    losses_full = [v for _, v in scalars(full, "loss")]
+    losses_part = [v for _, v in scalars(part, "loss")]
+    assert len(losses_full) == 6 and losses_part == losses_full
+
+
+def test_ckpt_path_last_without_a_checkpoint_fails_clearly(tmp_path: Path) -> None:
+    result = run_cli("fit", "--config", str(TINY), *QUIET, "--ckpt_path", "last", root=tmp_path)
+    assert result.returncode == 2
+    assert "no checkpoint at" in result.stderr and "last.ckpt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.tree.branch_steps", "[3]"], "last denoising step"),
+        (["--model.tree.num_steps", "6"], "tree.num_steps=6 but the adapter samples with num_steps=4"),
+        (["--model.reward", "no_such_reward"], "unknown reward 'no_such_reward'"),
+        (["--data.prompts", "/no/such/prompts.txt"], "--data.prompts"),
+        (["--model.minibatches", "0"], "minibatches must be >= 1"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
+    from lit_treegrpo.cli import DEBUG_ENV, main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # handlers still hold an earlier test's stderr
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                monkeypatch.setattr(handler, "stream", sys.stderr)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_a_user_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branching", "0", root=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "branching must be >= 1" in errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_fit_help_shows_the_options_docstrings() -> None:
+    result = run_cli("fit", "--help", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = " ".join(result.stdout.split())
+    for snippet in (
+        "Children per node at each branch step",  # TreeSpec attribute docstring
+        "Refuse trees with more leaves per prompt",
+        "optimizer steps per inner epoch",  # TreeGRPOModule argument docstring
+        "Training prompts: a .txt file",  # PromptDataModule argument docstring
+        "``mean`` (TreeGRPO code)",  # AdvantageSettings attribute docstring
+    ):
+        assert snippet in text, snippet
+
+
+def test_predict_writes_one_image_per_prompt(tmp_path: Path) -> None:
+    result = run_cli("predict", "--config", str(TINY), *QUIET, root=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    images = sorted((tmp_path / "predictions").glob("*.png"))
+    assert len(images) == 2  # data.val_size
+    from PIL import Image
+
+    assert Image.open(images[0]).size == (32, 32)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
+    # SGD: Adam's first steps are ~lr * sign(grad), which turns float noise in near-zero
+    # gradients into full-size updates; SGD keeps the comparison about the gradients themselves
+    sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "10.0")
+    common = ("--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", *sgd)
+    fit(tmp_path / "one", *common, "--data.batch_size", "2")
+    fit(tmp_path / "ddp", *common, "--data.batch_size", "1", "--trainer.strategy", "ddp", "--trainer.devices", "2")
+    one = trainable(tmp_path / "one" / "checkpoints" / "last.ckpt")
+    ddp = trainable(tmp_path / "ddp" / "checkpoints" / "last.ckpt")
+    assert any(v.abs().max() > 1e-3 for k, v in one.items() if "lora_B" in k)  # it trained
+    for k in one:
+        torch.testing.assert_close(ddp[k], one[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tiny_config_reward_rises_over_30_steps(tmp_path: Path, seed: int) -> None:
+    fit(
+        tmp_path,
+        "--model.seed", str(seed),
+        "--model.adapter.init_args.seed", str(seed),
+        "--data.seed", str(seed),
+        "--trainer.limit_val_batches", "0",
+    )  # fmt: skip
+    rewards = [v for _, v in scalars(tmp_path, "reward")]
+    assert len(rewards) == 30
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
+    assert last > first + 2e-3, (first, last)
+
+
+FSDP2 = '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": {"save_distributed_checkpoint": false}}'
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path) -> None:
+    common = ("--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--trainer.devices", "2")
+    fit(tmp_path / "full", "--trainer.max_steps", "4", "--trainer.strategy", FSDP2, *common)
+    fit(tmp_path / "part", "--trainer.max_steps", "2", "--trainer.strategy", FSDP2, *common)
+    fit(tmp_path / "part", "--trainer.max_steps", "4", "--trainer.strategy", FSDP2, "--ckpt_path", "last", *common)
+    full = trainable(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    part = trainable(tmp_path / "part" / "checkpoints" / "last.ckpt")
+    assert full and full.keys() == part.keys() and all("lora_" in k for k in full)
+    assert any(v.abs().max() > 0 for k, v in full.items() if "lora_B" in k)  # it trained
+    for k in full:
+        torch.testing.assert_close(part[k], full[k], atol=1e-6, rtol=0)
+    assert [v for _, v in scalars(tmp_path / "part", "loss")] == [v for _, v in scalars(tmp_path / "full", "loss")]
+
+
+def test_sharded_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
+    strategy = '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}'
+    result = run_cli("fit", "--config", str(TINY), *QUIET, "--trainer.strategy", strategy, root=tmp_path)
+    assert result.returncode == 2
+    assert "save_distributed_checkpoint: false" in result.stderr and "Traceback" not in result.stderr
