@@ -332,11 +332,15 @@ class TreeGRPOModule(LightningModule):
         return out.loss, stats, new.num_forwards
 
     def _check_finite_grads(self) -> None:
-        for p in self.adapter.trainable_parameters():
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                raise FloatingPointError(
-                    f"non-finite gradient at iteration {self.iteration}; no optimizer step was taken"
-                )
+        """Refuse to step on NaN / inf gradients (one device sync for all parameters)."""
+        # FSDP2 gradients are DTensors: each rank checks its own shard
+        grads = [
+            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            for p in self.adapter.trainable_parameters()
+            if p.grad is not None
+        ]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            raise FloatingPointError(f"non-finite gradient at iteration {self.iteration}; no optimizer step was taken")
 
     # ------------------------------------------------------------------------ sampling
     @torch.no_grad()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,17 @@ def test_fit_help_shows_the_options_docstrings() -> None:
         "``mean`` (TreeGRPO code)",  # AdvantageSettings attribute docstring
     ):
         assert snippet in text, snippet
+    # every model and data option carries a description, not just its type
+    lines = result.stdout.splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^  (--(?:model|data)\.[\w.]+)", line)
+        if match:
+            rest = line[match.end() :].strip()
+            description = rest.split("  ", 1)[1].strip() if "  " in rest else lines[i + 1].strip()
+            if not description or description.startswith(("(type:", "--")):
+                undocumented.append(match.group(1))
+    assert not undocumented, undocumented
 
 
 def test_predict_writes_one_image_per_prompt(tmp_path: Path) -> None:
@@ -158,12 +170,24 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
     sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "10.0")
     common = ("--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", *sgd)
     fit(tmp_path / "one", *common, "--data.batch_size", "2")
-    fit(tmp_path / "ddp", *common, "--data.batch_size", "1", "--trainer.strategy", "ddp", "--trainer.devices", "2")
+    probe = '{"class_path": "tests.ddp_probe.SaveRankParameters", "init_args": {"folder": "%s"}}'
+    fit(
+        tmp_path / "ddp",
+        *common,
+        "--data.batch_size", "1",
+        "--trainer.strategy", "ddp",
+        "--trainer.devices", "2",
+        "--trainer.callbacks+", probe % (tmp_path / "ranks"),
+    )  # fmt: skip
     one = trainable(tmp_path / "one" / "checkpoints" / "last.ckpt")
     ddp = trainable(tmp_path / "ddp" / "checkpoints" / "last.ckpt")
     assert any(v.abs().max() > 1e-3 for k, v in one.items() if "lora_B" in k)  # it trained
     for k in one:
         torch.testing.assert_close(ddp[k], one[k], atol=1e-5, rtol=0)
+    rank0 = torch.load(tmp_path / "ranks" / "rank0.pt")
+    rank1 = torch.load(tmp_path / "ranks" / "rank1.pt")
+    assert rank0.keys() == rank1.keys() == one.keys()
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the ranks agree bitwise
 
 
 @pytest.mark.slow

@@ -138,3 +138,28 @@ def test_multi_reward_logs_components(tmp_path) -> None:
     scores = model._score(torch.rand(4, 3, 32, 32), ["a", "a", "b", "b"])
     assert set(scores[1]) == {"brightness", "jpeg_compressibility"}
     assert scores[0].shape == (4,) and scores[0].dtype == torch.float32
+
+
+class _NaNGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
+    model = module()
+    predict = model.adapter.predict
+
+    def poisoned(x, step_index, cond):
+        out = predict(x, step_index, cond)
+        return _NaNGradient.apply(out) if torch.is_grad_enabled() else out
+
+    model.adapter.predict = poisoned
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.raises(FloatingPointError, match="non-finite gradient at iteration 0"):
+        fit(model, 2, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))

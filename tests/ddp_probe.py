@@ -1,0 +1,18 @@
+"""A callback for the DDP test: every rank saves its trainable parameters when training ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+
+class SaveRankParameters(pl.Callback):
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        params = {n: p.detach().cpu() for n, p in pl_module.named_parameters() if p.requires_grad}
+        torch.save(params, self.folder / f"rank{trainer.global_rank}.pt")
