@@ -14,6 +14,7 @@ data-parallel run samples what one process with the same global batch samples.
 from __future__ import annotations
 
 import time
+import warnings
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,11 @@ from .models.base import Cond, DiffusionAdapter
 from .rewards import MultiReward, RewardModel, build_reward
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
+
+# Both are by design here: adapters keep every submodule in eval mode (no dropout in the policy),
+# and the prompt stream is a pure function of the step, with nothing for loader workers to do.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,25 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monk
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--model.tree.branching", "3"], "the checkpoint was trained with tree"),
+        (["--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4"],
+         "the checkpoint's adapter differs"),
+    ],
+)
+def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
+    from lit_treegrpo.cli import main
+
+    base = ["fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)]
+    main([*base, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_user_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branching", "0", root=tmp_path)
     assert result.returncode == 2
