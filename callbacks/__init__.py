@@ -9,14 +9,18 @@
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
   validation, synchronised across ranks; best / worst prompts.
 
+- :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops after the step in flight and
+  writes ``last.ckpt`` (the CLI adds it to every fit).
+
 Every callback is resumable through ``state_dict`` / ``load_state_dict``. The folder sits at the
 repository top level (the design card) and pyproject's ``package-dir`` maps it into the package;
 always import it as ``lit_treegrpo.callbacks``.
 """
 
 from .ema import EMA
+from .interrupt import CheckpointOnInterrupt
 from .pruning import PruningSchedule
 from .reward_metrics import RewardMetrics, RewardStats
 from .sample_grid import SampleGridLogger, make_grid
 
-__all__ = ["EMA", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleGridLogger", "make_grid"]
+__all__ = ["EMA", "CheckpointOnInterrupt", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleGridLogger", "make_grid"]

@@ -10,6 +10,8 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   clear message when there is none.
 - A user error (a bad option value, a missing file, an impossible tree) prints one line naming it
   and exits with status 2; set ``LIT_TREEGRPO_DEBUG=1`` for the traceback.
+- SIGTERM or a first Ctrl-C stops after the training step in flight and writes ``last.ckpt``
+  (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits with status 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from .callbacks import CheckpointOnInterrupt
 from .data import PromptDataModule
 from .module import TreeGRPOModule
 
@@ -78,6 +81,8 @@ class TreeGRPOCLI(LightningCLI):
             callback.save_last = True
         if not checkpoints and config.get("enable_checkpointing", True) is not False:
             callbacks = [*callbacks, ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True)]
+        if not any(isinstance(c, CheckpointOnInterrupt) for c in everything):
+            callbacks = [*callbacks, CheckpointOnInterrupt()]
         if config.get("logger") in (None, True):
             config["logger"] = TensorBoardLogger(save_dir=str(root), name="tensorboard", version="")
         return super()._instantiate_trainer(config, callbacks)

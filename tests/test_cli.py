@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,7 +191,7 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
     sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "10.0")
     common = ("--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", *sgd)
     fit(tmp_path / "one", *common, "--data.batch_size", "2")
-    probe = '{"class_path": "tests.ddp_probe.SaveRankParameters", "init_args": {"folder": "%s"}}'
+    probe = '{"class_path": "tests.probes.SaveRankParameters", "init_args": {"folder": "%s"}}'
     fit(
         tmp_path / "ddp",
         *common,
@@ -248,3 +250,29 @@ def test_sharded_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--trainer.strategy", strategy, root=tmp_path)
     assert result.returncode == 2
     assert "save_distributed_checkpoint: false" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_writes_the_last_completed_step_and_resume_loses_nothing(tmp_path: Path) -> None:
+    args = ("--trainer.max_steps", "12", "--trainer.limit_val_batches", "0")
+    fit(tmp_path / "full", *args)
+    marker = '{"class_path": "tests.probes.StepMarker", "init_args": {"folder": "%s"}}' % (tmp_path / "steps")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "lit_treegrpo", "fit", "--config", str(TINY), *QUIET, *args,
+               "--trainer.callbacks+", marker, "--trainer.default_root_dir", str(tmp_path / "part")]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "steps" / "3").exists():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the run never reached step 3"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "checkpoint written to" in out + err
+    stopped_at = torch.load(tmp_path / "part" / "checkpoints" / "last.ckpt", weights_only=False)["lit_treegrpo"]["iteration"]
+    assert 3 <= stopped_at < 12  # the step in flight finished; nothing after it ran
+    fit(tmp_path / "part", *args, "--ckpt_path", "last")
+    assert sorted(p.name for p in (tmp_path / "part" / "checkpoints").iterdir()) == ["last.ckpt"]
+    a, b = trainable(tmp_path / "full" / "checkpoints" / "last.ckpt"), trainable(tmp_path / "part" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the interrupted and resumed run differs"
+    assert [v for _, v in scalars(tmp_path / "part", "loss")] == [v for _, v in scalars(tmp_path / "full", "loss")]
