@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from .callbacks import CheckpointOnInterrupt
 from .data import PromptDataModule
 from .module import TreeGRPOModule
+from .rewards import REWARDS
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
@@ -59,6 +60,17 @@ class TreeGRPOCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
+
+    def before_instantiate_classes(self) -> None:
+        """Checks that need no model, made before any weights load (minutes for SD3.5)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        reward = config.get("model.reward")
+        names = [reward] if isinstance(reward, str) else list(reward) if isinstance(reward, dict) else []
+        unknown = [n for n in names if n not in REWARDS]
+        if unknown:
+            raise UserError(
+                f"--model.reward: unknown reward {unknown[0]!r}; known rewards: {', '.join(sorted(REWARDS))}"
+            )
 
     def _root(self) -> Path:
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]

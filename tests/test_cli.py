@@ -141,6 +141,21 @@ def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, 
     assert message in capsys.readouterr().err
 
 
+def test_an_unknown_reward_is_refused_before_any_model_loads(tmp_path: Path, capsys, monkeypatch) -> None:
+    from lit_treegrpo.cli import main
+    from lit_treegrpo.models import tiny
+
+    def never(*args, **kwargs):
+        raise AssertionError("the adapter was built before the reward name was checked")
+
+    monkeypatch.setattr(tiny, "tiny_sd3_pipeline", never)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(TINY), *QUIET, "--model.reward", "{hps: 0.5, nope: 0.5}",
+              "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--model.reward: unknown reward 'nope'" in capsys.readouterr().err
+
+
 def test_a_user_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branching", "0", root=tmp_path)
     assert result.returncode == 2
