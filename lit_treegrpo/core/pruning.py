@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .advantages import path_pairs
+from .advantages import PathPairs, path_pairs
 from .rollout import RolloutTree
 
 WidthPruning = Literal["none", "parent_top1", "extreme", "ratio"]
@@ -62,9 +62,11 @@ class PruningConfig:
                 )
 
 
-def edges_above(tree: RolloutTree, keep_leaf: Tensor) -> Tensor:
-    """[E] bool: edges with at least one kept leaf (``keep_leaf`` [L] bool) below them."""
-    pairs = path_pairs(tree.edge_parent, tree.leaf_edge)
+def edges_above(tree: RolloutTree, keep_leaf: Tensor, pairs: PathPairs | None = None) -> Tensor:
+    """[E] bool: edges with at least one kept leaf (``keep_leaf`` [L] bool) below them.
+    ``pairs``: the tree's :func:`path_pairs`, when the caller already has them."""
+    if pairs is None:
+        pairs = path_pairs(tree.edge_parent, tree.leaf_edge)
     kept_below = torch.zeros(tree.num_edges, dtype=torch.long, device=keep_leaf.device)
     kept_below.index_add_(0, pairs.edge, keep_leaf[pairs.leaf].long())  # [E]
     return kept_below > 0
@@ -88,7 +90,7 @@ def parent_top1_mask(tree: RolloutTree, advantages: Tensor) -> Tensor:
     pairs = path_pairs(tree.edge_parent, tree.leaf_edge)
     dropped_above = torch.zeros(tree.num_leaves, dtype=torch.long, device=advantages.device)
     dropped_above.index_add_(0, pairs.leaf, dropped[pairs.edge].long())  # [L]
-    return edges_above(tree, dropped_above == 0)
+    return edges_above(tree, dropped_above == 0, pairs)
 
 
 def extreme_mask(tree: RolloutTree, advantages: Tensor, n: int = 1) -> Tensor:

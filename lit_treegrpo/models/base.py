@@ -158,9 +158,18 @@ class DiffusionAdapter(nn.Module, ABC):
         uncond, text = both.chunk(2)  # [B, *S] each
         return uncond + self.guidance_scale * (text - uncond)
 
-    def _step_indices(self, step_index: int | Tensor, batch: int) -> Tensor:
-        """A [B] long tensor of step indices on the model's device."""
-        idx = torch.as_tensor(step_index, device=self.device, dtype=torch.long)
+    def _step_indices(self, step_index: int | Tensor, batch: int, device: torch.device | str) -> Tensor:
+        """A [B] long tensor of step indices on ``device``.
+
+        The rollout passes a Python int (every node is at the same step): checked on the host, so
+        its hot loop never waits on the device; a [B] tensor (training minibatches) is checked
+        with one sync.
+        """
+        if isinstance(step_index, int):
+            if not 0 <= step_index < self.num_steps:
+                raise ValueError(f"step_index must be in 0..{self.num_steps - 1}, got {step_index}")
+            return torch.full((batch,), step_index, dtype=torch.long, device=device)
+        idx = torch.as_tensor(step_index).to(device=device, dtype=torch.long)
         if idx.ndim == 0:
             idx = idx.expand(batch)
         if idx.shape != (batch,) or bool(((idx < 0) | (idx >= self.num_steps)).any()):
@@ -219,7 +228,7 @@ class DiffusionAdapter(nn.Module, ABC):
 
     def predict(self, x: Tensor, step_index: int | Tensor, cond: Cond) -> Tensor:
         """Guided model output for latents ``x`` [B, *S] at ``step_index`` (int or [B])."""
-        idx = self._step_indices(step_index, x.shape[0])  # [B]
+        idx = self._step_indices(step_index, x.shape[0], self.device)  # [B]
         return self._guided(x, self.timesteps(idx), cond)
 
     def save_lora(self, folder: str | Path) -> Path:

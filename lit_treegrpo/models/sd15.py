@@ -161,7 +161,7 @@ class SD15Adapter(DiffusionAdapter):
         noise: Tensor | None = None,
         prev_sample: Tensor | None = None,
     ) -> StepOutput:
-        idx = self._step_indices(step_index, x.shape[0]).cpu()  # [B]
+        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
         alpha_t = self._alpha_t[idx].to(x.device)  # [B]
         alpha_prev = self._alpha_prev[idx].to(x.device)  # [B]
         eps = model_output.float()  # [B, C, h, w]

@@ -201,7 +201,7 @@ class SD3Adapter(DiffusionAdapter):
         noise: Tensor | None = None,
         prev_sample: Tensor | None = None,
     ) -> StepOutput:
-        idx = self._step_indices(step_index, x.shape[0]).cpu()  # [B]
+        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
         return flow_sde_step(
             model_output,
             x,
