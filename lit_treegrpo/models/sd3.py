@@ -15,12 +15,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..core.steps import Dynamics, StepOutput, flow_sde_step
-from .base import Cond, DiffusionAdapter, check_tokenizer, load_component, parse_dtype
+from ..core.steps import Dynamics
+from .base import Cond, check_tokenizer, load_component, parse_dtype
+from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 
 
-class SD3Adapter(DiffusionAdapter):
+class SD3Adapter(FlowMatchingAdapter):
     """SD3 / SD3.5 as a tree-rollout policy.
 
     Args:
@@ -72,14 +73,9 @@ class SD3Adapter(DiffusionAdapter):
         )
         from diffusers import StableDiffusion3Pipeline
 
-        if dynamics not in ("flow_sde", "dance_sde"):
-            raise ValueError(f"dynamics must be 'flow_sde' or 'dance_sde', got {dynamics!r}")
-        if noise_level <= 0:
-            raise ValueError(f"noise_level must be > 0, got {noise_level}")
+        self._init_flow(noise_level, dynamics)
         if max_sequence_length < 1:
             raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}")
-        self.noise_level = noise_level
-        self.dynamics: Dynamics = dynamics
         self.max_sequence_length = max_sequence_length
         if isinstance(pretrained, (str, Path)):
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant, use_t5)
@@ -134,7 +130,7 @@ class SD3Adapter(DiffusionAdapter):
         )
 
     def _setup_schedule(self) -> None:
-        """Sigmas and model timesteps per step index, exactly as the pipeline sets them."""
+        """The scheduler's sigmas, with the resolution-dependent shift when its config asks for it."""
         from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
         scheduler = self.pipeline.scheduler
@@ -148,10 +144,7 @@ class SD3Adapter(DiffusionAdapter):
                 scheduler.config.get("base_shift", 0.5),
                 scheduler.config.get("max_shift", 1.16),
             )
-        scheduler.set_timesteps(self.num_steps, **kwargs)
-        self._t = scheduler.timesteps.float().cpu()  # [T] model timesteps (sigma * 1000)
-        self._sigmas = scheduler.sigmas.float().cpu()  # [T + 1], ends at 0
-        self._schedule_kwargs = kwargs  # what the parity test passes to the pipeline
+        self._set_schedule(scheduler, **kwargs)
 
     # ------------------------------------------------------------------------ contract
     @torch.no_grad()
@@ -171,48 +164,31 @@ class SD3Adapter(DiffusionAdapter):
             cond["negative_pooled_prompt_embeds"] = negative_pooled
         return cond
 
-    def timesteps(self, step_index: Tensor) -> Tensor:
-        return self._t.to(step_index.device)[step_index]  # [B]
-
     def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
-        text, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
-        if negative:
-            text = torch.cat([cond["negative_prompt_embeds"], text])  # [2B, L, D]
-            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])  # [2B, D']
-        return self.denoiser(
-            hidden_states=x.to(self.dtype),
-            timestep=t,
-            encoder_hidden_states=text.to(self.dtype),
-            pooled_projections=pooled.to(self.dtype),
-            return_dict=False,
-        )[0]
+        return sd3_transformer_forward(self.denoiser, x, t, cond, negative=negative, dtype=self.dtype)
 
     def initial_noise(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         side = self.resolution // self.vae_scale_factor
         return self._draw_noise((n, self.denoiser.config.in_channels, side, side), generator)
 
-    def step(
-        self,
-        model_output: Tensor,
-        x: Tensor,
-        step_index: int | Tensor,
-        *,
-        stochastic: bool,
-        noise: Tensor | None = None,
-        prev_sample: Tensor | None = None,
-    ) -> StepOutput:
-        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
-        return flow_sde_step(
-            model_output,
-            x,
-            self._sigmas[idx].to(x.device),  # [B]
-            self._sigmas[idx + 1].to(x.device),  # [B]
-            noise_level=self.noise_level,
-            dynamics=self.dynamics if stochastic else "ode",
-            noise=noise,
-            prev_sample=prev_sample,
-        )
-
     def decode(self, latents: Tensor) -> Tensor:
         config = self.vae.config
         return self._decode_with(self.vae, latents / config.scaling_factor + config.shift_factor)
+
+
+def sd3_transformer_forward(
+    transformer: torch.nn.Module, x: Tensor, t: Tensor, cond: Cond, *, negative: bool, dtype: torch.dtype
+) -> Tensor:
+    """``SD3Transformer2DModel`` output for latents ``x`` at timesteps ``t``; with ``negative`` the
+    batch is [uncond; cond] and the negative embeddings go first (how the SD3 pipeline batches CFG)."""
+    text, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+    if negative:
+        text = torch.cat([cond["negative_prompt_embeds"], text])  # [2B, L, D]
+        pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])  # [2B, D']
+    return transformer(
+        hidden_states=x.to(dtype),
+        timestep=t,
+        encoder_hidden_states=text.to(dtype),
+        pooled_projections=pooled.to(dtype),
+        return_dict=False,
+    )[0]

@@ -1,0 +1,66 @@
+"""What every rectified-flow family shares: a ``FlowMatchEulerDiscreteScheduler`` sigma table and the
+flow SDE / ODE step (:func:`lit_treegrpo.core.steps.flow_sde_step`). SD3 / SD3.5 and the Shapes
+model subclass :class:`FlowMatchingAdapter`; they differ in their denoiser, text encoders and decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from ..core.steps import Dynamics, StepOutput, flow_sde_step
+from .base import DiffusionAdapter
+
+
+class FlowMatchingAdapter(DiffusionAdapter):
+    """A :class:`DiffusionAdapter` whose model predicts the flow velocity ``v = eps - x0``.
+
+    Deterministic steps are the scheduler's Euler step (so a rollout reproduces the family's diffusers
+    pipeline); stochastic steps use ``dynamics`` ``flow_sde`` (Flow-GRPO, ``noise_level`` 0.7) or
+    ``dance_sde`` (DanceGRPO, 0.3). Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
+    """
+
+    noise_level: float
+    dynamics: Dynamics
+
+    def _init_flow(self, noise_level: float, dynamics: Dynamics) -> None:
+        if dynamics not in ("flow_sde", "dance_sde"):
+            raise ValueError(f"dynamics must be 'flow_sde' or 'dance_sde', got {dynamics!r}")
+        if noise_level <= 0:
+            raise ValueError(f"noise_level must be > 0, got {noise_level}")
+        self.noise_level = noise_level
+        self.dynamics = dynamics
+
+    def _set_schedule(self, scheduler: Any, **kwargs: Any) -> None:
+        """Sigmas and model timesteps per step index, exactly as the pipelines set them
+        (``kwargs`` go to ``scheduler.set_timesteps``, e.g. SD3's resolution-dependent ``mu``)."""
+        scheduler.set_timesteps(self.num_steps, **kwargs)
+        self._t = scheduler.timesteps.float().cpu()  # [T] model timesteps (sigma * 1000)
+        self._sigmas = scheduler.sigmas.float().cpu()  # [T + 1], ends at 0
+        self._schedule_kwargs = kwargs  # what the parity tests pass to the pipeline
+
+    def timesteps(self, step_index: Tensor) -> Tensor:
+        return self._t.to(step_index.device)[step_index]  # [B]
+
+    def step(
+        self,
+        model_output: Tensor,
+        x: Tensor,
+        step_index: int | Tensor,
+        *,
+        stochastic: bool,
+        noise: Tensor | None = None,
+        prev_sample: Tensor | None = None,
+    ) -> StepOutput:
+        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
+        return flow_sde_step(
+            model_output,
+            x,
+            self._sigmas[idx].to(x.device),  # [B]
+            self._sigmas[idx + 1].to(x.device),  # [B]
+            noise_level=self.noise_level,
+            dynamics=self.dynamics if stochastic else "ode",
+            noise=noise,
+            prev_sample=prev_sample,
+        )
