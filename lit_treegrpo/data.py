@@ -10,7 +10,8 @@ Sources (``--data.prompts PATH_OR_NAME``):
 - a built-in set shipped in ``lit_treegrpo/prompts/`` (:func:`available_prompt_sets`):
   ``hpdv2_style`` (300 prompts in the HPDv2 style: photo, anime, concept art, painting),
   ``animals`` (100 simple animal prompts), ``shapes`` (the 24 "a {colour} {shape}" prompts of the
-  Shapes world).
+  Shapes world) and ``shapes_world`` (its whole grammar, 360 prompts with size and position words:
+  :func:`lit_treegrpo.shapes.world.all_prompts`).
 
 The training stream is infinite and has no state: there is a global sequence of prompt indices
 whose position ``j`` holds ``perm(seed, epoch=j // N)[j % N]``, a fresh seeded permutation of the
@@ -405,7 +406,7 @@ class PromptDataModule(LightningDataModule):
             prompts: Training prompts: a .txt file (one prompt per line), a .jsonl file (a "prompt"
                 field per line, other fields kept as metadata), a .csv file (a "prompt" column,
                 other columns kept as metadata), or the name of a built-in set: hpdv2_style,
-                animals, shapes.
+                animals, shapes, shapes_world.
             batch_size: Prompts per rank per training step (the global batch is batch_size x the
                 number of data-parallel ranks).
             val_prompts: Validation prompts (file or built-in set, as for prompts). If not given,

@@ -25,9 +25,10 @@ from lit_treegrpo.data import (
     load_prompts,
     prompt_permutation,
 )
+from lit_treegrpo.shapes import world
 
-COLOURS = ["red", "green", "blue", "yellow", "magenta", "cyan", "white", "orange"]
-SHAPES = ["circle", "square", "triangle"]
+COLOURS = list(world.COLOURS)
+SHAPES = list(world.SHAPES)
 
 
 def numbered(n: int) -> PromptSet:
@@ -72,12 +73,14 @@ def test_csv_prompt_column_anywhere_other_columns_metadata(tmp_path: Path) -> No
 
 
 def test_builtin_sets_sizes_and_contents() -> None:
-    assert available_prompt_sets() == ["animals", "hpdv2_style", "shapes"]
+    assert available_prompt_sets() == ["animals", "hpdv2_style", "shapes", "shapes_world"]
 
     shapes = load_prompts("shapes")
-    # exactly the 24 colour x shape combinations, phrased "a {colour} {shape}", each once
-    assert sorted(shapes.prompts) == sorted(f"a {c} {s}" for c in COLOURS for s in SHAPES)
+    # exactly the 24 colour x shape combinations, phrased "a {colour} {shape}" ("an orange ..."), each once
+    assert sorted(shapes.prompts) == sorted(f"{'an' if c == 'orange' else 'a'} {c} {s}" for c in COLOURS for s in SHAPES)
     assert len(shapes.prompts) == 24
+    # the whole grammar of the Shapes world, in the grammar's order
+    assert load_prompts("shapes_world").prompts == world.all_prompts()
 
     animals = load_prompts("animals")
     assert len(animals.prompts) == len(set(animals.prompts)) == 100
@@ -134,7 +137,7 @@ def test_bad_prompt_files_name_the_option_and_the_fix(tmp_path: Path, name: str,
 def test_missing_file_lists_builtin_sets(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.txt")
     message = r"--data\.prompts: '.*nope\.txt' is neither a file nor a built-in prompt set; .*"
-    with pytest.raises(FileNotFoundError, match=message + r"built-in sets: animals, hpdv2_style, shapes"):
+    with pytest.raises(FileNotFoundError, match=message + r"built-in sets: animals, hpdv2_style, shapes, shapes_world"):
         PromptDataModule(missing)
     with pytest.raises(FileNotFoundError, match=r"did you mean 'animals'\?"):
         PromptDataModule("animal")

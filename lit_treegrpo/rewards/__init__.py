@@ -23,6 +23,7 @@ from lit_treegrpo.rewards.image_reward import ImageReward
 from lit_treegrpo.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from lit_treegrpo.rewards.pickscore import PickScore
 from lit_treegrpo.rewards.pixel import Brightness
+from lit_treegrpo.rewards.shapes import ShapesAnalysis, ShapesReward
 
 #: name -> loader; what a config's ``reward:`` may say
 REWARDS: dict[str, Callable[..., RewardModel]] = {
@@ -34,6 +35,7 @@ REWARDS: dict[str, Callable[..., RewardModel]] = {
     "jpeg_compressibility": JpegCompressibility,
     "jpeg_incompressibility": JpegIncompressibility,
     "brightness": Brightness,
+    "shapes": ShapesReward,
 }
 
 
@@ -59,5 +61,7 @@ __all__ = [
     "RewardLoadError",
     "RewardModel",
     "RewardScores",
+    "ShapesAnalysis",
+    "ShapesReward",
     "build_reward",
 ]

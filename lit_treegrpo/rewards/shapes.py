@@ -1,0 +1,227 @@
+"""ShapesReward: a verifiable prompt-following score in [0, 1] for the Shapes world.
+
+Each image is checked against its prompt (:func:`lit_treegrpo.shapes.world.parse_prompt`) by
+geometry and colour alone, batched in torch, no learned weights:
+
+1. **Background**: the median colour of the one-pixel border.
+2. **Colour unmixing**: every pixel is seen as ``background + alpha * (c - background)`` for each
+   palette colour ``c``; ``alpha`` is the projection on that line (clamped to [0, 1]) and the
+   distance to the line is the residual. ``explain_c = alpha * exp(-(residual / tau)**2)`` is how
+   much of the pixel colour ``c`` accounts for, anti-aliased edges included.
+3. **Presence** ``min(1, own / A_min)``: the requested colour's mass ``own`` against half the area of
+   the smallest shape of the world. **Purity** ``own / (own + stray)``: any non-background mass the
+   requested colour does not explain (other colours, noise) is stray.
+4. **Shape**: the requested colour's mask is fitted by each template (circle, square, triangle) from
+   its first and second moments (centre and extent), each template is rendered anti-aliased and
+   compared by soft IoU. ``shape = IoU_req * sigmoid((IoU_req - max_other) / 0.03)``: the right
+   template must fit, and fit better than the others, so an ambiguous blob scores about half.
+5. **Size** and **position** (when the prompt names them, else the world's whole size range): the
+   requested template's fitted extent and centre must lie in the named range or region; outside,
+   the term falls linearly to 0 over ``slack`` of the canvas.
+
+``score = presence * purity * shape * size * position``. Degenerate strategies score near 0: a canvas
+filled with the colour has that colour as its background (no mass), one blob for every prompt fails
+7 colours out of 8, noise is all stray, and a shape too big or too small fails the size term.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lit_treegrpo.rewards.base import RewardModel
+from lit_treegrpo.shapes import world
+from lit_treegrpo.shapes.world import COLOURS, SHAPES, SIZES, ShapeSpec, parse_prompt
+
+_TAU = 0.12  # colour residual scale: anti-aliasing keeps residuals ~0, a neighbouring colour is > 0.3
+_DEAD = 0.06  # per-pixel stray mass below this is background texture, not a stray colour
+_SHARP = 0.03  # IoU margin scale of the shape term
+_UNEXPLAINED = 0.3  # residual above tau that makes a pixel fully stray
+
+
+class ShapesAnalysis(NamedTuple):
+    """Everything :class:`ShapesReward` measured, per image (tensors [B] unless noted)."""
+
+    score: Tensor  # float in [0, 1]: presence * purity * shape * size * position
+    presence: Tensor
+    purity: Tensor
+    shape_score: Tensor
+    size_score: Tensor
+    position_score: Tensor
+    colour: Tensor  # long, index into COLOURS: the colour with the most mass
+    shape: Tensor  # long, index into SHAPES: best-fitting template of the whole foreground
+    iou: Tensor  # [B, 3] soft IoU of the requested colour's mask with each fitted template
+    extent: Tensor  # fitted extent of the requested shape, pixels
+    cx: Tensor  # fitted centre of the requested shape, pixels
+    cy: Tensor
+    colour_ok: Tensor  # bool: dominant colour is the requested one
+    shape_ok: Tensor  # bool: the foreground's best template is the requested shape
+
+
+def _border_median(images: Tensor) -> Tensor:
+    """Median colour [B, 3] of the one-pixel frame of ``images`` [B, 3, H, W]."""
+    top, bottom = images[:, :, 0, :], images[:, :, -1, :]  # [B, 3, W]
+    left, right = images[:, :, 1:-1, 0], images[:, :, 1:-1, -1]  # [B, 3, H-2]
+    return torch.cat([top, bottom, left, right], dim=2).median(dim=2).values  # [B, 3]
+
+
+def _moment_fit(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Extent [B, 3] (one per template) and centre [B, 3] x2 fitted to ``mask`` [B, H, W].
+
+    A template's second moments give its extent: square ``sigma = e / sqrt(12)``, circle
+    ``sigma = e / 4``, triangle ``sigma_x = e / sqrt(24)``, ``sigma_y = e / sqrt(18)``; the
+    geometric mean of both axes is used. The triangle's box centre lies ``e / 6`` above its centroid.
+    """
+    B, H, W = mask.shape
+    mass = mask.sum(dim=(1, 2)).clamp_min(1e-6)  # [B]
+    xs = torch.arange(W, device=mask.device, dtype=mask.dtype) + 0.5  # [W] pixel centres
+    ys = torch.arange(H, device=mask.device, dtype=mask.dtype) + 0.5  # [H]
+    px, py = mask.sum(dim=1), mask.sum(dim=2)  # [B, W], [B, H] marginals
+    mx, my = (px * xs).sum(1) / mass, (py * ys).sum(1) / mass  # [B]
+    vx = (px * (xs - mx[:, None]) ** 2).sum(1) / mass  # [B]
+    vy = (py * (ys - my[:, None]) ** 2).sum(1) / mass
+    # coverage is the shape blurred by the one-pixel box, which adds 1/12 to each variance
+    vx, vy = (vx - 1 / 12).clamp_min(1e-6), (vy - 1 / 12).clamp_min(1e-6)
+    s = (vx * vy) ** 0.25  # [B] geometric mean of sigma_x, sigma_y
+    k = torch.tensor([4.0, 12**0.5, 432**0.25], device=mask.device, dtype=mask.dtype)  # circle, square, triangle
+    extent = s[:, None] * k  # [B, 3]
+    cx = mx[:, None].expand(B, 3)
+    cy = my[:, None] - torch.tensor([0.0, 0.0, 1.0], device=mask.device) * extent / 6  # [B, 3]
+    return extent, cx, cy.contiguous()
+
+
+def _template_iou(mask: Tensor, supersample: int = 4) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Soft IoU [B, 3] of ``mask`` [B, H, W] with each moment-fitted template, and the fits."""
+    B, H, W = mask.shape
+    extent, cx, cy = _moment_fit(mask)  # [B, 3] each
+    shapes = torch.arange(3, device=mask.device).repeat(B)  # [B*3]
+    templates = world.coverage(shapes, extent.reshape(-1), cx.reshape(-1), cy.reshape(-1), W, supersample)
+    templates = templates.view(B, 3, H, W)
+    m = mask.unsqueeze(1)  # [B, 1, H, W]
+    inter = torch.minimum(m, templates).sum(dim=(2, 3))  # [B, 3]
+    union = torch.maximum(m, templates).sum(dim=(2, 3)).clamp_min(1e-6)
+    return inter / union, extent, cx, cy
+
+
+def _ramp_inside(value: Tensor, lo: Tensor | float, hi: Tensor | float, slack: float) -> Tensor:
+    """1 inside ``[lo, hi]``, falling linearly to 0 at ``slack`` outside."""
+    outside = torch.relu(lo - value) + torch.relu(value - hi)
+    return (1 - outside / slack).clamp(0, 1)
+
+
+def analyse(images: Tensor, specs: list[ShapeSpec], *, slack: float = 0.08) -> ShapesAnalysis:
+    """Score ``images`` [B, 3, H, W] in [0, 1] (square) against ``specs`` (one per image)."""
+    B, _, H, W = images.shape
+    if H != W:
+        raise ValueError(f"ShapesReward needs square images, got {H}x{W}")
+    x = images.float()
+    device = x.device
+    palette = torch.tensor(list(COLOURS.values()), device=device)  # [K, 3]
+    bg = _border_median(x)  # [B, 3]
+    delta = x - bg[:, :, None, None]  # [B, 3, H, W]
+    d = palette[None] - bg[:, None]  # [B, K, 3] from the background to each colour
+    dd = (d * d).sum(-1).clamp_min(1e-4)  # [B, K]
+    proj = torch.einsum("bchw,bkc->bkhw", delta, d) / dd[:, :, None, None]  # [B, K, H, W]
+    alpha = proj.clamp(0, 1)
+    delta2 = (delta * delta).sum(1, keepdim=True)  # [B, 1, H, W]
+    resid2 = (delta2 + dd[:, :, None, None] * (alpha * alpha - 2 * alpha * proj)).clamp_min(0)  # [B, K, H, W]
+    explain = alpha * torch.exp(-resid2 / _TAU**2)  # [B, K, H, W]
+
+    want_colour = torch.tensor([list(COLOURS).index(s.colour) for s in specs], device=device)  # [B]
+    want_shape = torch.tensor([SHAPES.index(s.shape) for s in specs], device=device)  # [B]
+    own = explain[torch.arange(B, device=device), want_colour]  # [B, H, W]
+    best, best_colour = explain.max(dim=1)  # [B, H, W]
+    unexplained = ((resid2.min(dim=1).values.sqrt() - _TAU) / _UNEXPLAINED).clamp(0, 1)  # [B, H, W]
+    foreground = torch.maximum(best, unexplained)  # [B, H, W]
+    stray = torch.relu(foreground - own - _DEAD).sum(dim=(1, 2))  # [B]
+    own_mass = own.sum(dim=(1, 2))  # [B]
+
+    min_area = 0.5 * world.expected_area("triangle", SIZES["small"][0] * W)
+    presence = (own_mass / min_area).clamp(max=1.0)
+    purity = own_mass / (own_mass + stray + 1e-6)
+
+    iou, extent, cx, cy = _template_iou(own)  # [B, 3] each
+    rows = torch.arange(B, device=device)
+    iou_req = iou[rows, want_shape]  # [B]
+    others = iou.scatter(1, want_shape[:, None], -1.0).max(dim=1).values  # [B]
+    shape_score = iou_req * torch.sigmoid((iou_req - others) / _SHARP)
+
+    e, ux, uy = extent[rows, want_shape], cx[rows, want_shape], cy[rows, want_shape]  # [B]
+    size_lo = torch.tensor([SIZES[s.size][0] if s.size else SIZES["small"][0] for s in specs], device=device)
+    size_hi = torch.tensor([SIZES[s.size][1] if s.size else SIZES["large"][1] for s in specs], device=device)
+    size_score = _ramp_inside(e / W, size_lo, size_hi, slack)
+    near, far = world.REGION, 1 - world.REGION
+    bounds = {  # (x range, y range) of the centre, as fractions of the canvas
+        None: ((0.0, 1.0), (0.0, 1.0)),
+        "on the left": ((0.0, near), (0.0, 1.0)),
+        "on the right": ((far, 1.0), (0.0, 1.0)),
+        "at the top": ((0.0, 1.0), (0.0, near)),
+        "at the bottom": ((0.0, 1.0), (far, 1.0)),
+    }
+    box = torch.tensor([bounds[s.position] for s in specs], device=device)  # [B, 2, 2]
+    position_score = _ramp_inside(ux / W, box[:, 0, 0], box[:, 0, 1], slack) * _ramp_inside(
+        uy / W, box[:, 1, 0], box[:, 1, 1], slack
+    )
+    score = presence * purity * shape_score * size_score * position_score
+
+    # what is drawn, whatever was asked: the colour with the most mass and the foreground's shape
+    mass_per_colour = torch.zeros(B, len(COLOURS), device=device).scatter_add_(
+        1, best_colour.flatten(1), best.flatten(1)
+    )  # [B, K]
+    colour = mass_per_colour.argmax(dim=1)
+    fg_iou = _template_iou(best)[0]  # [B, 3]
+    shape = fg_iou.argmax(dim=1)
+    return ShapesAnalysis(
+        score=score,
+        presence=presence,
+        purity=purity,
+        shape_score=shape_score,
+        size_score=size_score,
+        position_score=position_score,
+        colour=colour,
+        shape=shape,
+        iou=iou,
+        extent=e,
+        cx=ux,
+        cy=uy,
+        colour_ok=(colour == want_colour) & (presence > 0.5),
+        shape_ok=(shape == want_shape) & (presence > 0.5),
+    )
+
+
+class ShapesReward(RewardModel):
+    """Verifiable prompt following in the Shapes world, in [0, 1] (see the module docstring).
+
+    Prompts must follow the Shapes-world grammar (``a [small|large] <colour> <shape> [<position>]``);
+    any other prompt raises a ``ValueError`` naming it.
+
+    Args:
+        slack: how far outside a named size range or region (fraction of the canvas) the size and
+            position terms fall from 1 to 0.
+        max_batch: images per scoring call (``None``: all at once).
+    """
+
+    name = "shapes"
+    uses_prompt = True
+
+    def __init__(self, slack: float = 0.08, max_batch: int | None = None) -> None:
+        super().__init__(max_batch=max_batch)
+        if not 0.0 < slack <= 0.5:
+            raise ValueError(f"reward 'shapes': slack must be in (0, 0.5], got {slack}")
+        self.slack = slack
+        self.freeze()
+
+    def analyse(self, images: Tensor, prompts: list[str]) -> ShapesAnalysis:
+        """All the measurements behind the score (validated like ``forward``)."""
+        from lit_treegrpo.rewards.base import check_inputs
+
+        check_inputs(images, prompts, self.name)
+        return analyse(images, [parse_prompt(p) for p in prompts], slack=self.slack)
+
+    def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:
+        return analyse(images, [parse_prompt(p) for p in prompts], slack=self.slack).score
+
+    def extra_repr(self) -> str:
+        return f"slack={self.slack}, " + super().extra_repr()
