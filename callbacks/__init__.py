@@ -7,7 +7,7 @@
 - :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
   every N steps (and a PNG).
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
-  validation, synchronised across ranks; best / worst prompts.
+  validation, synchronised across ranks; best / worst prompts; within-prompt image diversity.
 
 - :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops after the step in flight and
   writes ``last.ckpt`` (the CLI adds it to every fit).
@@ -20,7 +20,7 @@ always import it as ``lit_treegrpo.callbacks``.
 from .ema import EMA
 from .interrupt import CheckpointOnInterrupt
 from .pruning import PruningSchedule
-from .reward_metrics import RewardMetrics, RewardStats
+from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
 from .sample_grid import SampleGridLogger, make_grid
 
-__all__ = ["EMA", "CheckpointOnInterrupt", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleGridLogger", "make_grid"]
+__all__ = ["EMA", "CheckpointOnInterrupt", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "make_grid"]

@@ -4,7 +4,9 @@ BranchGRPO (arXiv 2509.06040, sec. 3.4) prunes only the *backward* pass, after r
 advantage normalisation: width pruning keeps a subset of leaves' paths (Parent-Top1 / Extreme; its
 code keeps a ``ratio`` of edges) for a fraction of training (``pruning_step_ratio``), and depth
 pruning trains a window of 4 depths that slides by one depth every 30 iterations until a stop depth.
-The paper leaves the direction of the slide ambiguous, so it is an option here.
+The paper leaves the direction of the slide ambiguous, so it is an option here. DanceGRPO's
+``timestep_fraction`` (train a random 60% of the denoising steps of every iteration) is
+``step_fraction``, drawn from ``(seed, iteration)``.
 
 :meth:`PruningSchedule.config_at` is a pure function of the iteration and the run length: a resumed
 run gets exactly the configuration the uninterrupted run would have had, with no state to restore
@@ -14,10 +16,12 @@ beyond the options themselves (kept in the checkpoint only to warn when they cha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -39,6 +43,8 @@ class _Options:
     depth_start: int
     depth_stop: int | None
     depth_direction: Direction
+    step_fraction: float
+    seed: int
 
 
 class PruningSchedule(Callback):
@@ -66,6 +72,10 @@ class PruningSchedule(Callback):
         depth_stop: the window's first depth never moves past this depth (``None``: no limit for
             ``"deeper"``, 0 for ``"shallower"``).
         depth_direction: ``"deeper"`` (towards the leaves) or ``"shallower"`` (towards the root).
+        step_fraction: train the edges of ``ceil(step_fraction * n)`` of the ``n`` stochastic steps
+            of each iteration's tree, drawn uniformly without replacement (DanceGRPO: 0.6); 1.0
+            trains every step.
+        seed: seed of the ``step_fraction`` draws (a pure function of ``(seed, iteration)``).
     """
 
     def __init__(
@@ -80,6 +90,8 @@ class PruningSchedule(Callback):
         depth_start: int = 0,
         depth_stop: int | None = None,
         depth_direction: Direction = "deeper",
+        step_fraction: float = 1.0,
+        seed: int = 0,
     ) -> None:
         if width not in ("none", "parent_top1", "extreme", "ratio"):
             raise ValueError(
@@ -103,6 +115,8 @@ class PruningSchedule(Callback):
             raise ValueError(
                 f"PruningSchedule.depth_direction must be 'deeper' or 'shallower', got {depth_direction!r}"
             )
+        if not 0.0 < step_fraction <= 1.0:
+            raise ValueError(f"PruningSchedule.step_fraction must be in (0, 1], got {step_fraction}")
         if depth_stop is not None:
             if depth_stop < 0:
                 raise ValueError(f"PruningSchedule.depth_stop must be >= 0 or None, got {depth_stop}")
@@ -127,6 +141,8 @@ class PruningSchedule(Callback):
             depth_start=depth_start,
             depth_stop=depth_stop,
             depth_direction=depth_direction,
+            step_fraction=float(step_fraction),
+            seed=seed,
         )
 
     # ------------------------------------------------------------------------ the schedule
@@ -154,8 +170,21 @@ class PruningSchedule(Callback):
             return lo if o.depth_stop is None else min(lo, o.depth_stop)
         return max(o.depth_start - moved, o.depth_stop or 0)
 
-    def config_at(self, iteration: int, max_steps: int | None) -> PruningConfig:
-        """The pruning of training step ``iteration`` (0-based) of a run of ``max_steps`` steps."""
+    def steps_at(self, iteration: int, stochastic_steps: Sequence[int]) -> tuple[int, ...] | None:
+        """The denoising steps trained at ``iteration`` (``None``: all), drawn from ``stochastic_steps``."""
+        o = self.options
+        if o.step_fraction >= 1.0 or not stochastic_steps:
+            return None
+        n = math.ceil(o.step_fraction * len(stochastic_steps) - 1e-9)
+        gen = torch.Generator().manual_seed((o.seed * 1_000_003 + iteration) % 2**63)
+        chosen = torch.randperm(len(stochastic_steps), generator=gen)[:n].sort().values.tolist()
+        return tuple(stochastic_steps[i] for i in chosen)
+
+    def config_at(
+        self, iteration: int, max_steps: int | None, stochastic_steps: Sequence[int] = ()
+    ) -> PruningConfig:
+        """The pruning of training step ``iteration`` (0-based) of a run of ``max_steps`` steps
+        whose tree samples ``stochastic_steps`` at that iteration (needed by ``step_fraction``)."""
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
         o = self.options
@@ -170,6 +199,7 @@ class PruningSchedule(Callback):
             extreme_n=o.extreme_n,
             ratio=o.ratio,
             depth_window=window,
+            steps=self.steps_at(iteration, stochastic_steps),
         )
 
     # ------------------------------------------------------------------------ hooks
@@ -182,7 +212,9 @@ class PruningSchedule(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        pl_module.pruning = self.config_at(pl_module.iteration, trainer.max_steps)
+        spec = pl_module.tree.at(pl_module.iteration)
+        stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
+        pl_module.pruning = self.config_at(pl_module.iteration, trainer.max_steps, stochastic)
 
     # ------------------------------------------------------------------------ resume
     @override

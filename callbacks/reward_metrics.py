@@ -11,7 +11,12 @@ Logged (``<c>`` = each component):
   ``reward/prompt_best``, ``reward/prompt_worst`` (the best and worst per-prompt mean reward;
   ``reward/<c>/prompt_best`` ... when ``prompt_key`` names a component);
 - per training epoch: the same names with ``_epoch`` appended (``reward/mean_epoch`` ...);
-- per validation run: ``val/reward/...`` and ``val/reward/prompt_{best,worst}``.
+- per validation run: ``val/reward/...`` and ``val/reward/prompt_{best,worst}``;
+- ``diversity`` (per training step, the spread of each prompt's leaves) and ``val/diversity`` (the
+  spread of each validation prompt's samples, when the module draws two or more per prompt:
+  ``TreeGRPOModule(val_samples=...)``), from the ``images`` of the outputs
+  (:class:`SampleDiversity`). Tree leaves share their prefix, so ``diversity`` is lower than
+  ``val/diversity`` by design; either falling towards 0 signals a collapse.
 
 With ``MultiReward(aggregate="normalize_then_weight")`` the total is normalised within each prompt,
 so its per-prompt means are ~0 by construction: rank prompts by a component (``prompt_key``).
@@ -73,6 +78,50 @@ class RewardStats(Metric):
         return {"mean": mean, "std": var.sqrt(), "max": self.max_value, "min": self.min_value}
 
 
+class SampleDiversity(Metric):
+    """Within-prompt spread of images: for every prompt with two or more images, the mean pairwise
+    RMS distance between them (pixels in [0, 1], images average-pooled to at most ``max_side``
+    pixels a side first, so that texture does not dominate), averaged over prompts.
+
+    0 means every prompt gets the same image (mode collapse, which RL tends towards); independent
+    samples of a healthy model score well above it. Reduced across processes by sum.
+    """
+
+    full_state_update = False
+    higher_is_better = None
+    is_differentiable = False
+
+    def __init__(self, max_side: int = 64, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_side < 1:
+            raise ValueError(f"SampleDiversity.max_side must be >= 1, got {max_side}")
+        self.max_side = max_side
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("groups", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, images: Tensor, prompts: list[str]) -> None:
+        x = images.detach().float()  # [N, 3, H, W]
+        side = max(x.shape[-2:])
+        if side > self.max_side:
+            x = torch.nn.functional.adaptive_avg_pool2d(x, (self.max_side * x.shape[-2] // side,
+                                                            self.max_side * x.shape[-1] // side))  # fmt: skip
+        flat = x.flatten(1)  # [N, D]
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(p, []).append(i)
+        for rows in groups.values():
+            n = len(rows)
+            if n < 2:
+                continue
+            g = flat[rows]  # [n, D]
+            d = torch.cdist(g, g) / flat.shape[1] ** 0.5  # [n, n] RMS distances
+            self.total += d.sum().double() / (n * (n - 1))  # mean over ordered pairs i != j
+            self.groups += 1
+
+    def compute(self) -> Tensor:
+        return self.total / self.groups if self.groups > 0 else torch.tensor(float("nan"), dtype=torch.float64)
+
+
 def per_prompt_sums(rewards: Tensor, prompts: list[str]) -> PromptStats:
     """``{prompt: [sum of its leaves' rewards, number of leaves]}`` in first-seen order."""
     out: PromptStats = {}
@@ -124,6 +173,8 @@ class RewardMetrics(Callback):
             running per-prompt table.
         prompt_key: what ranks prompts: ``"reward"`` (the total) or ``"reward/<component>"``.
         table_size: best and worst prompts shown in the text tables.
+        diversity: log the within-prompt spread of the images (``diversity``, ``val/diversity``)
+            when the outputs carry ``images``.
     """
 
     def __init__(
@@ -132,6 +183,7 @@ class RewardMetrics(Callback):
         per_prompt_extremes: bool = True,
         prompt_key: str = "reward",
         table_size: int = 5,
+        diversity: bool = True,
     ) -> None:
         if table_size < 1:
             raise ValueError(f"RewardMetrics.table_size must be >= 1, got {table_size}")
@@ -143,6 +195,8 @@ class RewardMetrics(Callback):
         self.log_components = log_components
         self.per_prompt_extremes = per_prompt_extremes
         self.table_size = table_size
+        self.diversity = diversity
+        self._diversity: dict[str, SampleDiversity] = {}  # phase -> metric
         self.table: dict[str, list[float]] = {}  # prompt -> [sum, count, last step's mean]
         self._metrics: dict[tuple[str, str], RewardStats] = {}  # (phase, name) -> statistics
         self._val_prompts: list[PromptStats] = []
@@ -188,6 +242,17 @@ class RewardMetrics(Callback):
                     f"prompts {names[:10]}{' ...' if len(names) > 10 else ''}"
                 )
         return values, prompts
+
+    def _diversity_metric(self, phase: str, outputs: Any) -> SampleDiversity | None:
+        """The phase's diversity metric, updated with the outputs' images (``None``: not measured)."""
+        if not self.diversity or not isinstance(outputs.get("images"), Tensor):
+            return None
+        images = outputs["images"]
+        if phase not in self._diversity:
+            self._diversity[phase] = SampleDiversity().to(images.device)
+        metric = self._diversity[phase]
+        metric.update(images, list(outputs["leaf_prompts"]))
+        return metric
 
     def _logged(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
         return values if self.log_components else {"reward": values["reward"]}
@@ -240,6 +305,12 @@ class RewardMetrics(Callback):
             step.reset()
             self._metric("epoch", name, v.device).update(v)
             self._log_stats(pl_module, name, "", stats, on_step=True, on_epoch=False)
+        diversity = self._diversity_metric("train", outputs)
+        if diversity is not None:
+            value = diversity.compute()  # reduced over ranks
+            diversity.reset()
+            if torch.isfinite(value):
+                pl_module.log("diversity", value.float(), on_step=True, on_epoch=False)
         if self.per_prompt_extremes:
             merged = merge_sums(self._gather(trainer, per_prompt_sums(values[self.prompt_key], prompts)))
             means = {p: s / n for p, (s, n) in merged.items()}
@@ -274,17 +345,26 @@ class RewardMetrics(Callback):
         values, prompts = self._read(outputs, f"validation batch {batch_idx}")
         for name, v in self._logged(values).items():
             self._metric("val", name, v.device).update(v)
+        self._diversity_metric("val", outputs)
         if self.per_prompt_extremes:
             self._val_prompts.append(per_prompt_sums(values[self.prompt_key], prompts))
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         val_prompts, self._val_prompts = merge_sums(self._val_prompts), []
+        diversity = self._diversity.get("val")
         if trainer.sanity_checking:
             for (phase, _), metric in self._metrics.items():
                 if phase == "val":
                     metric.reset()
+            if diversity is not None:
+                diversity.reset()
             return
+        if diversity is not None:
+            value = diversity.compute()
+            diversity.reset()
+            if torch.isfinite(value):  # one sample per prompt: nothing to measure
+                pl_module.log("val/diversity", value.float(), on_step=False, on_epoch=True)
         for (phase, name), metric in self._metrics.items():
             if phase == "val" and metric.update_count > 0:
                 self._log_stats(pl_module, f"val/{name}", "", metric.compute(), on_step=False, on_epoch=True)

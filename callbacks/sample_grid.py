@@ -65,6 +65,8 @@ class SampleGridLogger(Callback):
         tag: TensorBoard tag of the image (the prompt list goes to ``<tag>/prompts``).
         save_png: also save each grid as a PNG file.
         padding: pixels between and around the images of the grid.
+        scale: enlarge every image by this integer factor (nearest neighbour) before tiling, so
+            that small images (the Shapes world's 16 px) are legible in TensorBoard.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class SampleGridLogger(Callback):
         tag: str = "samples",
         save_png: bool = True,
         padding: int = 2,
+        scale: int = 1,
     ) -> None:
         if isinstance(prompts, str):
             raise ValueError(f"SampleGridLogger.prompts must be a list of prompts, got the string {prompts!r}")
@@ -90,6 +93,8 @@ class SampleGridLogger(Callback):
             raise ValueError("SampleGridLogger.tag must be a non-empty string")
         if padding < 0:
             raise ValueError(f"SampleGridLogger.padding must be >= 0, got {padding}")
+        if scale < 1:
+            raise ValueError(f"SampleGridLogger.scale must be an integer >= 1, got {scale}")
         self.prompts = prompts
         self.seeds = [int(s) for s in seeds]
         self.every_n_steps = every_n_steps
@@ -97,6 +102,7 @@ class SampleGridLogger(Callback):
         self.tag = tag
         self.save_png = save_png
         self.padding = padding
+        self.scale = int(scale)
         self.last_logged: int | None = None  # iteration of the latest grid
         self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
         self._prompts_written = False
@@ -119,7 +125,10 @@ class SampleGridLogger(Callback):
                         f"pl_module.sample returned shape {tuple(images.shape)} for {len(self.prompts)} "
                         "prompts; expected [P, 3, H, W]"
                     )
-                columns.append(images.detach().float().cpu())
+                images = images.detach().float().cpu()
+                if self.scale > 1:
+                    images = images.repeat_interleave(self.scale, dim=2).repeat_interleave(self.scale, dim=3)
+                columns.append(images)
         return make_grid(torch.stack(columns, dim=1), padding=self.padding)  # rows: prompts
 
     def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

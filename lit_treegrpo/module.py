@@ -86,6 +86,8 @@ class TreeGRPOModule(LightningModule):
         seed: seeds every rollout, together with the iteration and the prompt's position.
         shared_noise: give all ``num_trees`` roots of a prompt the same initial noise (DanceGRPO).
         val_seed: seed of the deterministic validation / test / predict samples.
+        val_samples: samples per validation / test prompt (seeds ``val_seed``, ``val_seed + 1``,
+            ...); with two or more, RewardMetrics also logs their within-prompt diversity.
         reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
     """
 
@@ -106,6 +108,7 @@ class TreeGRPOModule(LightningModule):
         seed: int = 0,
         shared_noise: bool = False,
         val_seed: int = 1234,
+        val_samples: int = 1,
         reward_kwargs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
@@ -114,7 +117,8 @@ class TreeGRPOModule(LightningModule):
                 f"tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
                 f"{adapter.num_steps}; set both to the same value"
             )
-        for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs)):
+        for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
+                            ("val_samples", val_samples)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if grad_clip is not None and grad_clip <= 0:
@@ -136,6 +140,7 @@ class TreeGRPOModule(LightningModule):
         self.seed = seed
         self.shared_noise = shared_noise
         self.val_seed = val_seed
+        self.val_samples = val_samples
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
@@ -224,7 +229,8 @@ class TreeGRPOModule(LightningModule):
         t_rollout = timer.lap()
 
         leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
-        rewards, components = self._score(self.adapter.decode(tree.leaf_latents), leaf_prompts)
+        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
+        rewards, components = self._score(images, leaf_prompts)
         t_reward = timer.lap()
 
         advantages = tree_advantages(
@@ -238,6 +244,7 @@ class TreeGRPOModule(LightningModule):
             clip=self.advantage.clip,
         )
         keep = prune(tree, advantages, self.pruning)
+        t_backup = timer.lap()
         stats = self._train_on(tree, cond, advantages, keep, first)
         t_train = timer.lap()
 
@@ -268,12 +275,14 @@ class TreeGRPOModule(LightningModule):
                 "nfe/train": float(stats["forwards"]),
                 "time/rollout_s": t_rollout,
                 "time/reward_s": t_reward,
+                "time/advantages_s": t_backup,
                 "time/train_s": t_train,
                 "iteration": float(self.iteration),
             },
             batch_size=B,
         )
-        return {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts}
+        return {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts,
+                "images": images}  # fmt: skip
 
     def _train_on(
         self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int
@@ -362,10 +371,12 @@ class TreeGRPOModule(LightningModule):
         return self.adapter.decode(tree.leaf_latents)
 
     def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:
-        images = self.sample(batch.prompts, self.val_seed)
-        rewards, components = self._score(images, batch.prompts)
-        self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(batch.prompts))
-        return {"rewards": rewards, "reward_components": components, "leaf_prompts": list(batch.prompts)}
+        seeds = range(self.val_seed, self.val_seed + self.val_samples)
+        images = torch.cat([self.sample(batch.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
+        prompts = list(batch.prompts) * self.val_samples
+        rewards, components = self._score(images, prompts)
+        self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, "val")

@@ -15,7 +15,9 @@ Width pruning (BranchGRPO sec. 3.4), choosing *leaves* and keeping every edge ab
 ``ratio`` keeps, per prompt, the top ``ratio`` fraction of edges by ``|advantage|``.
 
 Depth pruning keeps edges whose depth (number of recorded ancestors) lies in ``[lo, hi)``; the
-window's schedule lives in the ``PruningSchedule`` callback.
+window's schedule lives in the ``PruningSchedule`` callback. Step pruning keeps edges recorded at
+given denoising steps (DanceGRPO trains a random 60% of the timesteps of every iteration; the
+``PruningSchedule`` callback draws them).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class PruningConfig:
     """Fraction of edges kept per prompt by ``ratio`` (BranchGRPO's code uses 0.5)."""
     depth_window: tuple[int, int] | None = None
     """Train only edges with ``lo <= depth < hi``; ``None`` trains every depth."""
+    steps: tuple[int, ...] | None = None
+    """Train only edges recorded at these denoising steps; ``None`` trains every step."""
 
     def __post_init__(self) -> None:
         if self.width not in ("none", "parent_top1", "extreme", "ratio"):
@@ -60,6 +64,10 @@ class PruningConfig:
                 raise ValueError(
                     f"pruning.depth_window must be [lo, hi) with 0 <= lo < hi, got {self.depth_window}"
                 )
+        if self.steps is not None:
+            object.__setattr__(self, "steps", tuple(int(t) for t in self.steps))  # lists from YAML
+            if any(t < 0 for t in self.steps):
+                raise ValueError(f"pruning.steps must be denoising step indices >= 0, got {self.steps}")
 
 
 def edges_above(tree: RolloutTree, keep_leaf: Tensor, pairs: PathPairs | None = None) -> Tensor:
@@ -129,6 +137,9 @@ def prune(tree: RolloutTree, advantages: Tensor, config: PruningConfig) -> Tenso
         keep = torch.ones(tree.num_edges, dtype=torch.bool, device=advantages.device)
     if config.depth_window is not None:
         keep = keep & depth_mask(tree.edge_depth, *config.depth_window)
+    if config.steps is not None:
+        steps = torch.tensor(config.steps, dtype=torch.long, device=keep.device)
+        keep = keep & torch.isin(tree.edge_step, steps)
     return keep
 
 

@@ -107,3 +107,17 @@ def test_resume_with_same_options_is_silent_and_changed_options_warn() -> None:
         PruningSchedule(depth_window=4, depth_every=30).load_state_dict(saved)
     with pytest.warns(UserWarning, match="depth_every: 30 -> 10"):
         PruningSchedule(depth_window=4, depth_every=10).load_state_dict(saved)
+
+
+def test_step_fraction_draws_a_seeded_subset_of_the_stochastic_steps() -> None:
+    # DanceGRPO: 60% of 9 SDE steps -> ceil(5.4) = 6 steps a iteration, a pure function of (seed, it)
+    s = PruningSchedule(step_fraction=0.6, seed=3)
+    sde = list(range(9))
+    picks = [s.config_at(i, 100, sde).steps for i in range(20)]
+    assert all(len(p) == 6 and list(p) == sorted(set(p)) and set(p) <= set(sde) for p in picks)
+    assert picks == [PruningSchedule(step_fraction=0.6, seed=3).config_at(i, 100, sde).steps for i in range(20)]
+    assert len(set(picks)) > 10  # a fresh draw every iteration
+    assert picks != [PruningSchedule(step_fraction=0.6, seed=4).config_at(i, 100, sde).steps for i in range(20)]
+    assert PruningSchedule().config_at(0, 100, sde).steps is None
+    with pytest.raises(ValueError, match="step_fraction must be in"):
+        PruningSchedule(step_fraction=0.0)

@@ -129,3 +129,14 @@ def test_advantage_shape_is_checked() -> None:
     tree = grow(TreeSpec(4, branch_steps=(0,)))
     with pytest.raises(ValueError, match="advantages have shape"):
         prune(tree, torch.zeros(tree.num_edges + 1), PruningConfig())
+
+
+def test_step_pruning_keeps_exactly_the_edges_of_the_given_steps() -> None:
+    tree = grow(TreeSpec(6, branch_steps=(1,), branching=2, sde_steps=(0, 2, 3, 4)))
+    keep = prune(tree, torch.randn(tree.num_edges), PruningConfig(steps=(0, 3)))
+    steps = tree.edge_step
+    assert torch.equal(keep, (steps == 0) | (steps == 3))
+    both = prune(tree, torch.randn(tree.num_edges), PruningConfig(steps=[2], depth_window=(0, 2)))
+    assert torch.equal(both, (steps == 2) & (tree.edge_depth < 2))
+    with pytest.raises(ValueError, match="pruning.steps must be denoising step indices"):
+        PruningConfig(steps=(-1,))
