@@ -45,6 +45,7 @@ def offline_weights(monkeypatch, tmp_path):
         monkeypatch.setitem(rewards.REWARDS, name, lambda make=make, **kw: make(tmp_path / "reward"))
     # ImageReward needs the image-reward extra (its own venv in CI): any frozen reward stands in
     monkeypatch.setitem(rewards.REWARDS, "image_reward", lambda **kw: rewards.Brightness())
+    monkeypatch.delitem(rewards.REQUIREMENTS, "image_reward")  # the stand-in needs no extra
     return loaded
 
 
