@@ -11,7 +11,11 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
-  any model loads (:meth:`TreeGRPOCLI.before_instantiate_classes`).
+  any model loads (:meth:`TreeGRPOCLI.before_instantiate_classes`). A run stopped by a numerical
+  fault (a NaN reward, loss or gradient; too many consecutive skips) also ends in one line, with
+  status 1.
+- Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
+  truncated or corrupt ``--ckpt_path`` is reported before any model loads.
 - SIGTERM or a first Ctrl-C stops after the training step in flight and writes ``last.ckpt``
   (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits with status 0.
 """
@@ -41,7 +45,16 @@ from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
 from .data import PromptDataModule, resolve_batch_size
-from .module import AdvantageSettings, FaultLimitError, FaultPolicy, MemoryGuard, TreeGRPOModule, check_reward_names, check_settings
+from .module import (
+    AdvantageSettings,
+    FaultLimitError,
+    FaultPolicy,
+    MemoryGuard,
+    TreeGRPOModule,
+    check_reward_names,
+    check_settings,
+)
+from .rewards import NonFiniteRewardError
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
@@ -367,14 +380,19 @@ class TreeGRPOCLI(LightningCLI):
         self.config_init[self.subcommand]["ckpt_path"] = self._ckpt_path  # what the Trainer receives
 
 
+# numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
+# too many consecutive skips under skip): explained in one line, exit status 1
+RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry: run the CLI; user errors become one line on stderr and exit status 2, a run
-    stopped by too many consecutive faults one line and status 1."""
+    stopped by a numerical fault one line and status 1."""
     try:
         TreeGRPOCLI(args=args)
-    except (UserError, ValueError, FileNotFoundError, ImportError, FaultLimitError) as err:
+    except (UserError, ValueError, FileNotFoundError, ImportError, *RUN_FAULTS) as err:
         if os.environ.get(DEBUG_ENV):
             raise
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        sys.exit(1 if isinstance(err, FaultLimitError) else 2)
+        sys.exit(1 if isinstance(err, RUN_FAULTS) else 2)

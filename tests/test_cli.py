@@ -140,9 +140,10 @@ def _log_to_this_stderr(monkeypatch) -> None:
                 monkeypatch.setattr(handler, "stream", sys.stderr)
 
 
-def _main_error(monkeypatch, capsys, *args: str) -> str:
-    """Run ``cli.main`` with ``args`` expecting a user error: exit status 2, one ``error:`` line
-    and nothing else of jsonargparse's (no usage block) or Python's (no traceback)."""
+def _main_error(monkeypatch, capsys, *args: str, code: int = 2) -> str:
+    """Run ``cli.main`` with ``args`` expecting an error: exit status ``code`` (2: a user error),
+    one ``error:`` line and nothing else of jsonargparse's (no usage block) or Python's (no
+    traceback)."""
     from lit_treegrpo.cli import DEBUG_ENV, main
 
     monkeypatch.delenv(DEBUG_ENV, raising=False)
@@ -150,7 +151,7 @@ def _main_error(monkeypatch, capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as exit_info:
         main(list(args))
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2, err[-2000:]
+    assert exit_info.value.code == code, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err[-2000:]
     assert "usage:" not in err and "Traceback" not in err, err[-2000:]
@@ -254,6 +255,41 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
     assert f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+
+
+def test_a_tree_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path, capsys, monkeypatch) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb", "1e-6",
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: memory guard: one rollout needs about "), line
+    assert "but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B); lower --data.batch_size" in line
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:
+    always_nan = '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0, 1, 2, 3, 4, 5, 6, 7]}}'
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", always_nan,
+                       "--model.faults.nonfinite", "skip", "--model.faults.max_consecutive_skips", "2",
+                       "--data.batch_size", "1", "--trainer.callbacks=[]", "--trainer.limit_val_batches", "0",
+                       "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
+    assert line.startswith(
+        "error: 2 training steps in a row were skipped (faults.max_consecutive_skips=2), up to iteration 1; "
+        "last cause: non-finite rewards for prompts ['a "
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.reward", '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0]}}'],
+         "error: reward 'flaky' gave non-finite scores for 4 of 8 images (indices [0, 1, 2, 3], prompts ['a "),
+        (["--model.loss", "tests.test_module._NaNLossAt", "--model.loss.at", "[0]"],
+         "error: non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken (set --model.faults.nonfinite skip"),
+    ],
+)
+def test_a_numerical_fault_under_the_error_policy_is_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.callbacks=[]",
+                       "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
+    assert line.startswith(message), line
 
 
 def test_a_reward_whose_extra_is_not_installed_is_refused_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
