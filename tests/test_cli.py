@@ -199,6 +199,14 @@ def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path,
     assert "`python -m lit_treegrpo fit --help` lists every option" in line
 
 
+def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_model) -> None:
+    from lit_treegrpo.cli import DEBUG_ENV, UserError, main
+
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(UserError, match="--model.tree.branchng: no such option"):  # raised, not printed
+        main(["fit", "--config", str(TINY), "--model.tree.branchng", "3", "--trainer.default_root_dir", str(tmp_path)])
+
+
 def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branchng", "3", root=tmp_path)
     assert result.returncode == 2
