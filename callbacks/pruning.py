@@ -212,8 +212,10 @@ class PruningSchedule(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        spec = pl_module.tree.at(pl_module.iteration)
-        stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
+        stochastic: list[int] = []
+        if self.options.step_fraction < 1.0:  # the steps to draw from: this iteration's tree
+            spec = pl_module.tree.at(pl_module.iteration)
+            stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
         pl_module.pruning = self.config_at(pl_module.iteration, trainer.max_steps, stochastic)
 
     # ------------------------------------------------------------------------ resume

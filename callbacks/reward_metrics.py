@@ -210,7 +210,7 @@ class RewardMetrics(Callback):
             self._metrics[key] = RewardStats().to(device)
         return self._metrics[key]
 
-    def _read(self, outputs: Any, where: str) -> tuple[dict[str, Tensor], list[str]]:
+    def _read(self, outputs: Any, where: str, allow_empty: bool = False) -> tuple[dict[str, Tensor], list[str]]:
         """``({"reward": [L], "reward/<c>": [L], ...}, leaf prompts)`` from a step's outputs,
         checked for shape and finiteness."""
         if not isinstance(outputs, Mapping) or "rewards" not in outputs or "leaf_prompts" not in outputs:
@@ -220,7 +220,7 @@ class RewardMetrics(Callback):
                 + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
             )
         prompts = list(outputs["leaf_prompts"])
-        if not prompts:
+        if not prompts and not allow_empty:
             raise ValueError(f"{where}: no leaf images (empty 'leaf_prompts'), nothing to measure")
         values = {"reward": outputs["rewards"]}
         values.update({f"reward/{k}": v for k, v in outputs.get("reward_components", {}).items()})
@@ -297,14 +297,17 @@ class RewardMetrics(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        values, prompts = self._read(outputs, f"training step {self._step_index}")
+        # a step whose prompts the module's fault policy left out (faults.nonfinite=skip) has no
+        # leaves here; it still takes part in the collectives, so that data-parallel ranks stay in step
+        values, prompts = self._read(outputs, f"training step {self._step_index}", allow_empty=True)
         for name, v in self._logged(values).items():
             step = self._metric("step", name, v.device)
             step.update(v)
             stats = step.compute()  # reduced over ranks
             step.reset()
             self._metric("epoch", name, v.device).update(v)
-            self._log_stats(pl_module, name, "", stats, on_step=True, on_epoch=False)
+            if bool(torch.isfinite(stats["mean"])):  # no leaf on any rank: nothing to log
+                self._log_stats(pl_module, name, "", stats, on_step=True, on_epoch=False)
         diversity = self._diversity_metric("train", outputs)
         if diversity is not None:
             value = diversity.compute()  # reduced over ranks
@@ -314,8 +317,9 @@ class RewardMetrics(Callback):
         if self.per_prompt_extremes:
             merged = merge_sums(self._gather(trainer, per_prompt_sums(values[self.prompt_key], prompts)))
             means = {p: s / n for p, (s, n) in merged.items()}
-            pl_module.log(f"{self.prompt_key}/prompt_best", max(means.values()), on_step=True, on_epoch=False)
-            pl_module.log(f"{self.prompt_key}/prompt_worst", min(means.values()), on_step=True, on_epoch=False)
+            if means:
+                pl_module.log(f"{self.prompt_key}/prompt_best", max(means.values()), on_step=True, on_epoch=False)
+                pl_module.log(f"{self.prompt_key}/prompt_worst", min(means.values()), on_step=True, on_epoch=False)
             for p, (s, n) in merged.items():
                 entry = self.table.setdefault(p, [0.0, 0.0, 0.0])
                 entry[0] += s
@@ -352,23 +356,21 @@ class RewardMetrics(Callback):
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         val_prompts, self._val_prompts = merge_sums(self._val_prompts), []
-        diversity = self._diversity.get("val")
+        # every evaluation run gets fresh metrics: Lightning's stand-alone validate() runs under
+        # inference mode and a fit's validation does not, and inference-mode states cannot be
+        # updated outside it
+        diversity = self._diversity.pop("val", None)
+        val_keys = [key for key in self._metrics if key[0] == "val"]
+        metrics = {name: self._metrics.pop((phase, name)) for phase, name in val_keys}
         if trainer.sanity_checking:
-            for (phase, _), metric in self._metrics.items():
-                if phase == "val":
-                    metric.reset()
-            if diversity is not None:
-                diversity.reset()
             return
         if diversity is not None:
             value = diversity.compute()
-            diversity.reset()
             if torch.isfinite(value):  # one sample per prompt: nothing to measure
                 pl_module.log("val/diversity", value.float(), on_step=False, on_epoch=True)
-        for (phase, name), metric in self._metrics.items():
-            if phase == "val" and metric.update_count > 0:
+        for name, metric in metrics.items():
+            if metric.update_count > 0:
                 self._log_stats(pl_module, f"val/{name}", "", metric.compute(), on_step=False, on_epoch=True)
-                metric.reset()
         if not self.per_prompt_extremes:
             return
         merged = merge_sums(self._gather(trainer, val_prompts))

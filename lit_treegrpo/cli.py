@@ -8,29 +8,53 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   logger version, so ``--ckpt_path last`` silently starts over; here the folder is fixed.
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
   clear message when there is none.
-- A user error (a bad option value, a missing file, an impossible tree) prints one line naming it
-  and exits with status 2; set ``LIT_TREEGRPO_DEBUG=1`` for the traceback.
+- A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
+  prints one line naming the option and the fix, and exits with status 2; set
+  ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
+  any model loads (:meth:`TreeGRPOCLI.before_instantiate_classes`). A run stopped by a numerical
+  fault (a NaN reward, loss or gradient; too many consecutive skips) also ends in one line, with
+  status 1.
+- Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
+  truncated or corrupt ``--ckpt_path`` is reported before any model loads.
 - SIGTERM or a first Ctrl-C stops after the training step in flight and writes ``last.ckpt``
   (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits with status 0.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from jsonargparse import set_parsing_settings
+from jsonargparse import Namespace, set_parsing_settings
+from lightning.fabric.plugins.io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from .callbacks import CheckpointOnInterrupt
-from .data import PromptDataModule
-from .module import TreeGRPOModule
-from .rewards import REWARDS
+from .checkpoint import AtomicCheckpointIO, check_checkpoint
+from .core.loss import ClippedPolicyLoss
+from .core.pruning import PruningConfig
+from .core.spec import TreeSpec
+from .data import PromptDataModule, resolve_batch_size
+from .module import (
+    AdvantageSettings,
+    FaultLimitError,
+    FaultPolicy,
+    MemoryGuard,
+    TreeGRPOModule,
+    check_reward_names,
+    check_settings,
+)
+from .rewards import NonFiniteRewardError
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
@@ -40,16 +64,224 @@ class UserError(Exception):
     """A mistake in the command line or config: reported in one line, without a traceback."""
 
 
+class OneLineParser(LightningArgumentParser):
+    """Reports a parse error as one :class:`UserError` line (the option, what is wrong, a
+    did-you-mean) instead of jsonargparse's usage block. Parsers that jsonargparse builds with
+    ``exit_on_error=False`` for its own nested checks keep raising ``ArgumentError`` as before."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        raise UserError(explain_parse_error(message, parser))
+
+
+def _options(parser: Any) -> list[str]:
+    """Every ``--key`` the parser (and its subcommands) accepts, without ``.help`` entries."""
+    found: list[str] = []
+    for action in parser._actions:
+        found += [s for s in action.option_strings if s.startswith("--") and not s.endswith(".help")]
+        for sub in (getattr(action, "choices", None) or {}).values():
+            if isinstance(sub, LightningArgumentParser):
+                found += _options(sub)
+    return found
+
+
+def _did_you_mean(word: str, candidates: list[str], *, list_siblings: bool = False) -> str:
+    """``"; did you mean --model.tree.branching?"``: the closest candidate with the same parent
+    (``--model.tree``), compared by its last component; with ``list_siblings``, when none is close,
+    the valid names under that parent."""
+    parent, _, leaf = word.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
+    if not siblings:
+        close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.8)
+        return f"; did you mean {close[0]}?" if close else ""
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {siblings[close[0]]}?"
+    if list_siblings and parent:
+        return f"; {parent} takes {', '.join(sorted(siblings))}"
+    return ""
+
+
+def _init_parameters(class_path: str) -> list[str]:
+    """Keyword parameters a class accepts, following ``**kwargs`` up its bases."""
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    found: list[str] = []
+    for base in cls.__mro__:
+        if "__init__" not in vars(base):
+            continue
+        params = inspect.signature(base.__init__).parameters.values()
+        found += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def _type_name(text: str) -> str:
+    """``<class 'int'>`` -> ``int``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text.strip()).replace("NoneType", "null")
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", text)
+    return f"one of {literal.group(1)}" if literal else text.replace("typing.", "")
+
+
+def explain_parse_error(message: str, parser: Any) -> str:
+    """jsonargparse's multi-line parse error -> one line naming the option and the fix."""
+    prog = parser.prog.replace(" [options]", "")
+    see = f"`{prog} --help` lists every option"
+    options = _options(parser)
+    text = message.strip()
+    unknown = re.match(r"unrecognized arguments: (.*)", text)
+    if unknown:
+        given = [a.split("=", 1)[0] for a in unknown.group(1).split() if a.startswith("--")]
+        if given:
+            return f"{given[0]}: no such option{_did_you_mean(given[0], options, list_siblings=True)} ({see})"
+        return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
+    key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(r"Option '([\w.]+)' is not accepted before", text)
+    if key:
+        option = f"--{key.group(1)}"
+        hint = _did_you_mean(option, options, list_siblings=True)
+        return f"{option} (a command-line option or a config key): no such option{hint} ({see})"
+    keyed = re.match(r'Parser key "([\w.]+)":\s*(.*)', text, flags=re.S)
+    if not keyed:
+        return f"{' '.join(text.split())} ({see})"
+    option, detail = f"--{keyed.group(1)}", keyed.group(2)
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    class_option = re.search(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", detail)
+    if class_option:
+        class_path, name = class_option.groups()
+        hint = _did_you_mean(name, _init_parameters(class_path))
+        return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
+    class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
+    if class_problem:
+        reason = class_problem.group(2).strip().splitlines()[0].strip()
+        return f"{option}: cannot use class_path '{class_problem.group(1)}': {reason}; fix the class path ({see})"
+    expected = re.match(r"Expected a (.+?)\. Got value: (.*)", lines[0]) if lines else None
+    if expected:
+        wanted, got = _type_name(expected.group(1)), expected.group(2)
+        literal = re.findall(r"'([^']*)'", wanted) if wanted.startswith("one of") else []
+        return f"{option}: expected {wanted}, got {got!r}{_did_you_mean(got, literal)}; fix the value ({see})"
+    subtypes = re.search(r"Subtypes: \[(.*)\]", detail)
+    value = re.search(r"Given value: (.*)", detail)
+    if subtypes and value:
+        wanted = ", ".join(_type_name(t) for t in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)))
+        return f"{option}: {value.group(1).strip()!r} is none of {wanted}; fix the value ({see})"
+    return f"{option}: {' '.join(lines)} ({see})"
+
+
+def _plain(value: Any) -> Any:
+    """A parsed Namespace as plain dicts, without jsonargparse's bookkeeping keys (``__path__`` of
+    a section read from its own file)."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not k.startswith("__")}
+    return value
+
+
+def _build(option: str, make: Any) -> Any:
+    """``make()``, its ``ValueError`` prefixed by the option it concerns."""
+    try:
+        return make()
+    except (ValueError, TypeError) as err:
+        raise UserError(f"{option}: {err}") from err
+
+
+def _data_parallel_world(trainer: Any) -> int | None:
+    """Data-parallel processes from the trainer options, when they say it plainly (``devices``
+    an int, a list or a ``"0,1"`` string); ``None`` for ``auto`` / ``-1`` and for strategies that
+    split devices between tensor and data parallelism."""
+    strategy = trainer.get("strategy")
+    strategy_name = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "") or ""
+    if "ModelParallel" in str(strategy_name) or type(strategy).__name__ == "ModelParallelStrategy":
+        return None
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, str):
+        if devices.strip() in ("auto", "-1"):
+            return None
+        parts = [d for d in devices.split(",") if d.strip()]
+        count = int(parts[0]) if len(parts) == 1 and devices.strip().lstrip("-").isdigit() else len(parts)
+    elif isinstance(devices, int):
+        count = devices
+    elif isinstance(devices, (list, tuple)):
+        count = len(devices)
+    else:
+        return None
+    if count < 1:
+        return None
+    return count * int(trainer.get("num_nodes") or 1)
+
+
+def check_config(config: Any) -> None:
+    """Everything the run's options say that can be checked without weights: the tree, advantage,
+    loss, pruning, fault and memory settings, the reward names and their extras, the prompts, the
+    batch sizes against the world size. Raises :class:`UserError` / ``ValueError`` (one line)."""
+    model = config["model"]
+    try:
+        check_reward_names(model.get("reward"), _plain(model.get("reward_kwargs")) or {})
+    except (ValueError, ImportError) as err:
+        raise UserError(f"--model.reward: {err}") from err
+    tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
+    _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
+    _build("--model.pruning", lambda: PruningConfig(**_plain(model["pruning"])))
+    _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
+    _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
+    loss = _build("--model.loss", lambda: _loss(model.get("loss")))
+    adapter = model.get("adapter")
+    adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
+    adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
+    try:
+        check_settings(
+            tree,
+            minibatches=model["minibatches"],
+            accumulate=model["accumulate"],
+            inner_epochs=model["inner_epochs"],
+            grad_clip=model["grad_clip"],
+            val_samples=model["val_samples"],
+            adapter_num_steps=adapter_args.get("num_steps"),
+            prefix="--model.",
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    if loss is not None and loss.kl_beta > 0 and "lora" in adapter_args and adapter_args["lora"] is None:
+        raise UserError(
+            "--model.loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with "
+            "LoRA disabled); set --model.adapter.init_args.lora or --model.loss.kl_beta 0"
+        )
+    data = _plain(config["data"])
+    with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
+        warnings.simplefilter("ignore")
+        PromptDataModule(**data)
+    world = _data_parallel_world(config["trainer"])
+    if world is not None:
+        resolve_batch_size(data.get("batch_size"), data.get("global_batch_size"), world)
+
+
+def _loss(spec: Any) -> ClippedPolicyLoss | None:
+    """The loss of a ``class_path`` / ``init_args`` spec, built (it holds no weights), or None."""
+    if spec is None:
+        return ClippedPolicyLoss()
+    if not isinstance(spec, Namespace) or "class_path" not in spec:
+        return None
+    module, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(**(_plain(spec.get("init_args")) or {}))
+
+
 class TreeGRPOCLI(LightningCLI):
     """LightningCLI with fixed run folders and honest resume (see the module docstring)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        self._verified: str | None = None  # the --ckpt_path file already checked
+        self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         super().__init__(
             TreeGRPOModule,
             PromptDataModule,
             args=args,
             run=run,
+            parser_class=OneLineParser,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={
                 "prog": "python -m lit_treegrpo",
@@ -58,27 +290,54 @@ class TreeGRPOCLI(LightningCLI):
             },
         )
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        # an abbreviated option (--trainer.max_step) is a typo to report, not a guess to expand
+        kwargs.setdefault("allow_abbrev", False)
+        return super().init_parser(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning's hook reads the hyper-parameters of an explicit --ckpt_path file with
+        # torch.load before anything else: check the file first, so a corrupt one is reported
+        # in one line instead of as an unpickling error
+        subcommand = self.config.get("subcommand")
+        given = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if given not in (None, "last", "best", "hpc", "registry") and Path(given).is_file():
+            check_checkpoint(given, option="--ckpt_path")
+            self._verified = str(given)
+        super()._parse_ckpt_path()
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
 
     def before_instantiate_classes(self) -> None:
         """Checks that need no model, made before any weights load (minutes for SD3.5)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        reward = config.get("model.reward")
-        names = [reward] if isinstance(reward, str) else list(reward) if isinstance(reward, dict) else []
-        unknown = [n for n in names if n not in REWARDS]
-        if unknown:
-            raise UserError(
-                f"--model.reward: unknown reward {unknown[0]!r}; known rewards: {', '.join(sorted(REWARDS))}"
-            )
+        check_config(config)
+        self._ckpt_path = self._checked_ckpt_path(config)
 
-    def _root(self) -> Path:
-        trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
-        return Path(trainer.get("default_root_dir") or DEFAULT_ROOT)
+    def _checked_ckpt_path(self, config: Any) -> str | None:
+        """``--ckpt_path`` resolved (``last`` -> ``<root>/checkpoints/last.ckpt``) and verified
+        before any model loads: missing, truncated or garbage files fail here in one line."""
+        given = config.get("ckpt_path")
+        if given is None or given in ("best", "hpc", "registry"):
+            return given
+        root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        path = root / "checkpoints" / "last.ckpt" if given == "last" else Path(given)
+        if not path.exists():  # a file, or a folder for distributed (FSDP2) checkpoints
+            if given == "last":
+                raise UserError(
+                    f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or "
+                    f"drop --ckpt_path to start a new run"
+                )
+            raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or drop --ckpt_path to start over")
+        if self._verified != str(path):  # not already read by _parse_ckpt_path
+            check_checkpoint(path, option=f"--ckpt_path {given}")
+        return str(path)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Fixed run folders: checkpoints in <root>/checkpoints (last.ckpt kept), TensorBoard in
-        <root>/tensorboard, whatever logger version Lightning would otherwise open."""
+        <root>/tensorboard, whatever logger version Lightning would otherwise open; atomic
+        checkpoint writes unless the trainer is given its own CheckpointIO."""
         root = Path(config.get("default_root_dir") or DEFAULT_ROOT)
         everything = list(config.get("callbacks") or []) + list(callbacks)
         checkpoints = [c for c in everything if isinstance(c, ModelCheckpoint)]
@@ -97,42 +356,44 @@ class TreeGRPOCLI(LightningCLI):
             callbacks = [*callbacks, CheckpointOnInterrupt()]
         if config.get("logger") in (None, True):
             config["logger"] = TensorBoardLogger(save_dir=str(root), name="tensorboard", version="")
+        plugins = config.get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            config["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super()._instantiate_trainer(config, callbacks)
 
     def before_fit(self) -> None:
-        self._resolve_last()
+        self._resolve_ckpt_path()
 
     def before_validate(self) -> None:
-        self._resolve_last()
+        self._resolve_ckpt_path()
 
     def before_test(self) -> None:
-        self._resolve_last()
+        self._resolve_ckpt_path()
 
     def before_predict(self) -> None:
-        self._resolve_last()
+        self._resolve_ckpt_path()
 
-    def _resolve_last(self) -> None:
-        """Turn ``--ckpt_path last`` into the run folder's last.ckpt, or fail loudly."""
-        key = f"{self.subcommand}.ckpt_path"
-        if self.config.get(key) != "last":
-            return
-        last = self._root() / "checkpoints" / "last.ckpt"
-        if not last.exists():  # a file, or a folder for distributed (FSDP2) checkpoints
-            raise UserError(
-                f"--ckpt_path last: no checkpoint at {last}; check --trainer.default_root_dir, or "
-                f"drop --ckpt_path to start a new run"
-            )
-        rank_zero_info(f"Resuming from {last}")
-        self.config_init[self.subcommand]["ckpt_path"] = str(last)  # what the Trainer receives
+    def _resolve_ckpt_path(self) -> None:
+        """Hand the Trainer the checkpoint checked in :meth:`_checked_ckpt_path`."""
+        if self.config.get(f"{self.subcommand}.ckpt_path") == "last":
+            rank_zero_info(f"Resuming from {self._ckpt_path}")
+        self.config_init[self.subcommand]["ckpt_path"] = self._ckpt_path  # what the Trainer receives
+
+
+# numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
+# too many consecutive skips under skip): explained in one line, exit status 1
+RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console entry: run the CLI; user errors become one line on stderr and exit status 2."""
+    """Console entry: run the CLI; user errors become one line on stderr and exit status 2, a run
+    stopped by a numerical fault one line and status 1."""
     try:
         TreeGRPOCLI(args=args)
-    except (UserError, ValueError, FileNotFoundError, ImportError) as err:
+    except (UserError, ValueError, FileNotFoundError, ImportError, *RUN_FAULTS) as err:
         if os.environ.get(DEBUG_ENV):
             raise
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(1 if isinstance(err, RUN_FAULTS) else 2)

@@ -17,7 +17,8 @@ The training stream is infinite and has no state: there is a global sequence of 
 whose position ``j`` holds ``perm(seed, epoch=j // N)[j % N]``, a fresh seeded permutation of the
 ``N`` training prompts on every pass (so each pass shows every prompt once), and training batch
 ``k`` on data-parallel rank ``r`` of ``W`` takes positions ``[k·G + r·B, k·G + (r+1)·B)`` with
-``B = batch_size`` prompts per rank and ``G = B·W``. Batch ``k`` is therefore a pure function of
+``B = batch_size`` prompts per rank and ``G = B·W`` (or, with ``global_batch_size`` given,
+``G = global_batch_size`` and ``B = G / W``). Batch ``k`` is therefore a pure function of
 ``(seed, k, rank, W, prompts)``: ranks see different prompts, runs repeat exactly, and a resumed run
 continues exactly by starting at the right ``k`` (:attr:`PromptDataModule.start_index`). The
 permutation is our own Fisher-Yates shuffle over a SplitMix64 generator, so it does not change
@@ -47,6 +48,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
     "PromptBatch",
     "PromptChunks",
     "PromptDataModule",
@@ -56,6 +58,7 @@ __all__ = [
     "collate",
     "load_prompts",
     "prompt_permutation",
+    "resolve_batch_size",
 ]
 
 SUFFIXES = {
@@ -63,6 +66,7 @@ SUFFIXES = {
     ".jsonl": "one JSON object with a 'prompt' field per line",
     ".csv": "a header row with a 'prompt' column",
 }
+DEFAULT_BATCH_SIZE = 4  # prompts per rank when neither batch size is given
 _BUILTIN_PACKAGE = "lit_treegrpo"
 _BUILTIN_FOLDER = "prompts"
 
@@ -383,6 +387,35 @@ def eval_batches(
 # ---------------------------------------------------------------------------------------------
 
 
+def resolve_batch_size(batch_size: int | None, global_batch_size: int | None, world_size: int) -> int:
+    """Prompts per data-parallel rank from ``--data.batch_size`` / ``--data.global_batch_size``.
+
+    Neither: :data:`DEFAULT_BATCH_SIZE`. ``batch_size`` alone: itself. ``global_batch_size``:
+    ``global_batch_size / world_size``, refused when the world size does not divide it, or when a
+    ``batch_size`` given as well disagrees.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if global_batch_size is None:
+        return DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    per_rank, rest = divmod(global_batch_size, world_size)
+    if rest:
+        lower = per_rank * world_size
+        choices = f"{lower} or {lower + world_size}" if lower else f"{world_size}"
+        raise ValueError(
+            f"--data.global_batch_size {global_batch_size} is not divisible by the {world_size} "
+            f"data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of "
+            f"{world_size} ({choices}), or give --data.batch_size (prompts per process) instead"
+        )
+    if batch_size is not None and batch_size != per_rank:
+        raise ValueError(
+            f"--data.batch_size {batch_size} and --data.global_batch_size {global_batch_size} disagree: "
+            f"{world_size} process(es) x {batch_size} != {global_batch_size}; give only one of them "
+            "(--data.batch_size null keeps the global one)"
+        )
+    return per_rank
+
+
 class PromptDataModule(LightningDataModule):
     """Prompts for training (an infinite, seeded, data-parallel stream) and validation (fixed).
 
@@ -395,7 +428,8 @@ class PromptDataModule(LightningDataModule):
     def __init__(
         self,
         prompts: str,
-        batch_size: int = 4,
+        batch_size: int | None = None,
+        global_batch_size: int | None = None,
         val_prompts: str | None = None,
         val_fraction: float = 0.05,
         val_size: int | None = 16,
@@ -408,7 +442,11 @@ class PromptDataModule(LightningDataModule):
                 other columns kept as metadata), or the name of a built-in set: hpdv2_style,
                 animals, shapes, shapes_world.
             batch_size: Prompts per rank per training step (the global batch is batch_size x the
-                number of data-parallel ranks).
+                number of data-parallel ranks). Default 4 when global_batch_size is not given either.
+            global_batch_size: Prompts per training step over all data-parallel ranks, as the papers
+                quote it ("batch 32"); each rank then takes global_batch_size / (devices x
+                num_nodes), and a world size that does not divide it is refused. Give it or
+                batch_size (both must agree).
             val_prompts: Validation prompts (file or built-in set, as for prompts). If not given,
                 val_fraction of the distinct training prompts is held out (chosen by seed) and
                 never trained on.
@@ -419,8 +457,10 @@ class PromptDataModule(LightningDataModule):
             seed: Seed of the hold-out choice and of the order in which training prompts are drawn.
         """
         super().__init__()
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError(f"--data.batch_size must be >= 1, got {batch_size}")
+        if global_batch_size is not None and global_batch_size < 1:
+            raise ValueError(f"--data.global_batch_size must be >= 1, got {global_batch_size}")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(
                 f"--data.val_fraction must be in [0, 1), got {val_fraction}; it is the fraction of "
@@ -431,6 +471,7 @@ class PromptDataModule(LightningDataModule):
         self.source = prompts
         self.val_source = val_prompts
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
         self.val_fraction = val_fraction
         self.val_size = val_size
         self.seed = seed
@@ -494,6 +535,15 @@ class PromptDataModule(LightningDataModule):
         auto_rank, auto_world = self.data_parallel()
         return (auto_rank if rank is None else rank), (auto_world if world_size is None else world_size)
 
+    def per_rank_batch_size(self, world_size: int | None = None) -> int:
+        """Prompts per rank for ``world_size`` data-parallel ranks (default: the current one)."""
+        world = self.data_parallel()[1] if world_size is None else world_size
+        return resolve_batch_size(self.batch_size, self.global_batch_size, world)
+
+    def setup(self, stage: str) -> None:
+        """Check the batch sizes against the world size, now that the trainer knows it."""
+        self.per_rank_batch_size()
+
     # -- datasets -------------------------------------------------------------------------------
 
     def train_dataset(self, rank: int | None = None, world_size: int | None = None) -> PromptStream:
@@ -501,7 +551,7 @@ class PromptDataModule(LightningDataModule):
         rank, world_size = self._rank_world(rank, world_size)
         return PromptStream(
             self.train_set,
-            batch_size=self.batch_size,
+            batch_size=self.per_rank_batch_size(world_size),
             seed=self.seed,
             rank=rank,
             world_size=world_size,
@@ -511,12 +561,14 @@ class PromptDataModule(LightningDataModule):
     def val_dataset(self, rank: int | None = None, world_size: int | None = None) -> PromptChunks:
         """This rank's validation chunks, padded to the same count on every rank."""
         rank, world_size = self._rank_world(rank, world_size)
-        return PromptChunks(eval_batches(self.val_set, self.batch_size, rank=rank, world_size=world_size))
+        batch_size = self.per_rank_batch_size(world_size)
+        return PromptChunks(eval_batches(self.val_set, batch_size, rank=rank, world_size=world_size))
 
     def predict_dataset(self, rank: int | None = None, world_size: int | None = None) -> PromptChunks:
         """This rank's share of the validation prompts, each prompt once over all ranks."""
         rank, world_size = self._rank_world(rank, world_size)
-        batches = eval_batches(self.val_set, self.batch_size, rank=rank, world_size=world_size, pad=False)
+        batch_size = self.per_rank_batch_size(world_size)
+        batches = eval_batches(self.val_set, batch_size, rank=rank, world_size=world_size, pad=False)
         return PromptChunks(batches)
 
     @staticmethod

@@ -9,6 +9,12 @@ pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is th
 Randomness is a pure function of ``(seed, iteration, global prompt position)``: each prompt's
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
 data-parallel run samples what one process with the same global batch samples.
+
+Faults (:class:`FaultPolicy`): NaN / inf rewards, a reward call that raises, a non-finite loss or
+gradient either stop the run with a message naming them (``error``) or are skipped and counted
+(``skip``). Decisions that change the number of backward passes or optimizer steps are taken
+together by all data-parallel ranks, so that no collective waits for a rank that skipped.
+Before the first rollout, :class:`MemoryGuard` refuses a tree that cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import warnings
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -27,12 +33,14 @@ from torch import Tensor
 
 from .core.advantages import METHODS, AdvantageMethod, tree_advantages
 from .core.loss import ClippedPolicyLoss
+from .core.memory import cond_row_bytes, format_bytes, rollout_memory
 from .core.pruning import PruningConfig, prune
 from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
 from .core.spec import TreeSpec
 from .data import PromptBatch
 from .models.base import Cond, DiffusionAdapter
-from .rewards import MultiReward, RewardModel, build_reward
+from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
+from .rewards.base import check_inputs
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
@@ -40,6 +48,8 @@ _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one g
 # and the prompt stream is a pure function of the step, with nothing for loader workers to do.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
+# Lightning's own use of a torch API it has not caught up with; nothing a user can act on
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,113 @@ class AdvantageSettings:
             raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
+
+
+@dataclass(frozen=True)
+class FaultPolicy:
+    """What a training step does with NaN / inf rewards, a failing reward call, or a non-finite
+    loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
+
+    nonfinite: Literal["error", "skip"] = "error"
+    """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
+    and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
+    (the other prompts train as usual), skip the whole step when the reward call raises, skip the
+    optimizer step (gradients zeroed) when the loss or a gradient is not finite."""
+    max_consecutive_skips: int = 3
+    """With ``skip``: stop once this many training steps in a row made no update because of a
+    fault, naming the last cause."""
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in ("error", "skip"):
+            raise ValueError(f"faults.nonfinite must be 'error' or 'skip', got {self.nonfinite!r}")
+        if self.max_consecutive_skips < 1:
+            raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
+
+
+@dataclass(frozen=True)
+class MemoryGuard:
+    """Before the first rollout, estimate its peak memory from the tree's shape
+    (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit."""
+
+    enabled: bool = True
+    """Run the check (false: start the rollout without estimating)."""
+    fraction: float = 0.9
+    """Refuse when the estimate exceeds this fraction of the available memory; the rest is
+    headroom for the model's activations, which the estimate does not count."""
+    available_gb: float | None = None
+    """Memory to compare against, in GB (1e9 bytes); null measures it: free device memory on CUDA,
+    MemAvailable of /proc/meminfo shared by the processes of this node on CPU."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"memory_guard.fraction must be in (0, 1], got {self.fraction}")
+        if self.available_gb is not None and self.available_gb <= 0:
+            raise ValueError(f"memory_guard.available_gb must be > 0 or null, got {self.available_gb}")
+
+
+class FaultWarning(RuntimeWarning):
+    """A fault that the ``skip`` policy skipped (the message says what and where)."""
+
+
+class FaultLimitError(RuntimeError):
+    """Too many consecutive training steps were skipped because of faults."""
+
+
+class RolloutMemoryError(ValueError):
+    """The memory guard refused a tree that cannot fit (a configuration error)."""
+
+
+FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
+
+
+def check_settings(
+    tree: TreeSpec,
+    *,
+    minibatches: int,
+    accumulate: int,
+    inner_epochs: int,
+    grad_clip: float | None,
+    val_samples: int = 1,
+    adapter_num_steps: int | None = None,
+    prefix: str = "",
+) -> None:
+    """The module's checks that need no model (the CLI runs them before any weights load);
+    ``prefix`` (``"--model."``) turns the names in the messages into command-line options."""
+    if adapter_num_steps is not None and tree.num_steps != adapter_num_steps:
+        raise ValueError(
+            f"{prefix}tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
+            f"{adapter_num_steps}; set both to the same value"
+        )
+    if tree.num_edges() == 0:
+        raise ValueError(
+            f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps"
+        )
+    for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
+                        ("val_samples", val_samples)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{prefix}{name} must be >= 1, got {value}")
+    if grad_clip is not None and grad_clip <= 0:
+        raise ValueError(f"{prefix}grad_clip must be > 0 or null, got {grad_clip}")
+
+
+def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
+    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to,
+    checked without loading anything: known names, ``reward_kwargs`` naming only those, and every
+    extra package they need installed. A ready RewardModel (or a class spec) gives ``[]``."""
+    if isinstance(reward, str):
+        names = [reward]
+    elif isinstance(reward, dict):
+        if not reward:
+            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
+        names = list(reward)
+    else:
+        return []
+    unknown = set(kwargs) - set(names)
+    if unknown:
+        raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {names}")
+    for name in names:
+        check_reward_available(name)
+    return names
 
 
 class TreeGRPOModule(LightningModule):
@@ -89,6 +206,9 @@ class TreeGRPOModule(LightningModule):
         val_samples: samples per validation / test prompt (seeds ``val_seed``, ``val_seed + 1``,
             ...); with two or more, RewardMetrics also logs their within-prompt diversity.
         reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
+        faults: what to do with NaN / inf rewards, a failing reward call, or a non-finite loss or
+            gradient: stop (``error``, the default) or skip and count (``skip``).
+        memory_guard: before the first rollout, refuse a tree whose rollout cannot fit in memory.
     """
 
     def __init__(
@@ -110,19 +230,19 @@ class TreeGRPOModule(LightningModule):
         val_seed: int = 1234,
         val_samples: int = 1,
         reward_kwargs: dict[str, dict[str, Any]] | None = None,
+        faults: FaultPolicy = FaultPolicy(),
+        memory_guard: MemoryGuard = MemoryGuard(),
     ) -> None:
         super().__init__()
-        if tree.num_steps != adapter.num_steps:
-            raise ValueError(
-                f"tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
-                f"{adapter.num_steps}; set both to the same value"
-            )
-        for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
-                            ("val_samples", val_samples)):  # fmt: skip
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if grad_clip is not None and grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 or null, got {grad_clip}")
+        check_settings(
+            tree,
+            minibatches=minibatches,
+            accumulate=accumulate,
+            inner_epochs=inner_epochs,
+            grad_clip=grad_clip,
+            val_samples=val_samples,
+            adapter_num_steps=adapter.num_steps,
+        )
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {})
         self.tree = tree
@@ -141,6 +261,10 @@ class TreeGRPOModule(LightningModule):
         self.shared_noise = shared_noise
         self.val_seed = val_seed
         self.val_samples = val_samples
+        self.faults = faults
+        self.memory_guard = memory_guard
+        self.fault_counts = dict.fromkeys(FAULT_COUNTERS, 0)  # restored from checkpoints
+        self._memory_checked = False  # once per fit, before the first rollout
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
@@ -199,11 +323,36 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ scoring
     def _score(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor]]:
-        """Total reward [L] float32 and its components (empty for a single reward)."""
+        """Total reward [L] float32 and its components (empty for a single reward).
+
+        Under the ``error`` policy a NaN / inf score raises (naming the reward and the prompts);
+        under ``skip`` it comes back as is, and the caller drops the prompts it belongs to.
+        """
+        check = self.faults.nonfinite == "error"
         if isinstance(self.reward, MultiReward):  # the total plus its named components
-            scores = self.reward.score(images, prompts)
+            scores = self.reward.score(images, prompts, check=check)
             return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
-        return self.reward(images, prompts).float(), {}
+        if check:
+            return self.reward(images, prompts).float(), {}
+        check_inputs(images, prompts, self.reward.name)  # malformed images stay errors
+        return self.reward.raw_scores(images, prompts).float(), {}
+
+    def _score_or_skip(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor], str | None]:
+        """:meth:`_score`; under ``skip`` a reward call that raises gives NaN rewards and the
+        exception's one-line message as the third value (``None`` when it ran)."""
+        if self.faults.nonfinite == "error":
+            return (*self._score(images, prompts), None)
+        try:
+            return (*self._score(images, prompts), None)
+        except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
+            cause = f"the reward raised {type(err).__name__}: {_first_line(err)}"
+            warnings.warn(
+                f"iteration {self.iteration}: {cause}; skipping this training step "
+                f"(faults.nonfinite=skip)",
+                FaultWarning,
+                stacklevel=2,
+            )
+            return torch.full((len(prompts),), float("nan"), device=images.device), {}, cause
 
     # ------------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
@@ -214,27 +363,33 @@ class TreeGRPOModule(LightningModule):
             )
         timer = _Timer(self.adapter.device)
         prompts = batch.prompts
+        P = len(prompts)
         spec = self.tree.at(self.iteration)
         first = self._first_position(batch)
-        gens = self._generators(0, first, len(prompts))
+        gens = self._generators(0, first, P)
         cond = self.adapter.encode_prompts(prompts)
-        tree = rollout(
-            self.adapter.predict,
-            self.adapter.step,
-            spec,
-            cond,
-            self._root_noise(gens, spec.num_trees),
-            generator=gens,
-        )
+        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
+        if not self._memory_checked:
+            self._check_memory(spec, cond, noise, P)
+            self._memory_checked = True
+        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
         t_rollout = timer.lap()
 
         leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
         images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
-        rewards, components = self._score(images, leaf_prompts)
+        rewards, components, failure = self._score_or_skip(images, leaf_prompts)
         t_reward = timer.lap()
 
+        finite = torch.isfinite(rewards)  # [L]
+        bad = torch.zeros(P, dtype=torch.bool, device=rewards.device)  # [P] prompts left out
+        train_rewards = rewards  # under ``error`` tree_advantages refuses NaN, naming the leaves
+        if self.faults.nonfinite == "skip":
+            # prompts with a NaN / inf leaf reward are dropped; normalisation is per prompt, so
+            # finite stand-ins (0) for their rewards leave every other prompt's advantages as they are
+            bad[tree.leaf_prompt[~finite]] = True
+            train_rewards = torch.where(bad[tree.leaf_prompt], torch.zeros_like(rewards), rewards)  # [L]
         advantages = tree_advantages(
-            rewards,
+            train_rewards,
             tree.edge_parent,
             tree.leaf_edge,
             tree.leaf_prompt,
@@ -243,66 +398,146 @@ class TreeGRPOModule(LightningModule):
             beta=self.advantage.beta,
             clip=self.advantage.clip,
         )
-        keep = prune(tree, advantages, self.pruning)
+        keep = prune(tree, advantages, self.pruning) & ~bad[tree.edge_prompt]  # [E]
         t_backup = timer.lap()
-        stats = self._train_on(tree, cond, advantages, keep, first)
+        zero_std = _constant_groups(train_rewards, tree.leaf_prompt, P) & ~bad  # [P]
+        dropped = 0 if failure is not None else int(bad.sum())
+        names: list[str] = []
+        if dropped:
+            names = sorted({prompts[i] for i in bad.nonzero().flatten().tolist()})
+            warnings.warn(
+                f"iteration {self.iteration}: non-finite rewards for {dropped} of {P} prompts "
+                f"{names[:8]}; these prompts are left out of this step (faults.nonfinite=skip)",
+                FaultWarning,
+                stacklevel=2,
+            )
+        # one collective for the step: whether anything trains on any rank, and the step's faults
+        failed, kept, dropped_all, zero_std_all = self._sum_over_ranks(
+            [failure is not None, bool(keep.any()), dropped, int(zero_std.sum())]
+        )
+        self.fault_counts["skipped_groups"] += dropped_all
+        self.fault_counts["zero_std_groups"] += zero_std_all
+        cause = failure or (f"non-finite rewards for prompts {names[:8]}" if dropped else None)
+        faulty = bool(failed or dropped_all)  # the same on every rank
+        if failed or (not kept and dropped_all):  # a fault left nothing to train, on every rank
+            stats = None
+            updated = False
+        else:
+            stats = self._train_on(tree, cond, advantages, keep, first)
+            updated = stats["updates"] > 0
+            faulty = faulty or stats["cause"] is not None
+            cause = stats["cause"] or cause
         t_train = timer.lap()
+        self._count_step(updated, faulty, cause or "a fault on another data-parallel rank")
 
         self.iteration += 1
-        B = len(prompts)
-        self.log_dict(
-            {
-                "reward": rewards.mean(),
-                "loss": stats["loss"],
-            },
-            prog_bar=True,
-            batch_size=B,
-        )
-        self.log_dict(
-            {
-                "train/clip_frac": stats["clip_frac"],
-                "train/approx_kl": stats["approx_kl"],
-                "train/ratio_mean": stats["ratio_mean"],
-                "train/kl": stats["kl"],
-                "train/policy_loss": stats["policy_loss"],
-                "train/edges_kept": keep.float().sum(),
-                "train/edges": float(tree.num_edges),
-                "train/forwards": float(stats["forwards"]),
-                "adv/mean": advantages.mean() if advantages.numel() else 0.0,
-                "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
-                "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
-                "nfe/rollout": float(tree.nfe),
-                "nfe/train": float(stats["forwards"]),
-                "time/rollout_s": t_rollout,
-                "time/reward_s": t_reward,
-                "time/advantages_s": t_backup,
-                "time/train_s": t_train,
-                "iteration": float(self.iteration),
-            },
-            batch_size=B,
-        )
-        return {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts,
-                "images": images}  # fmt: skip
+        self._log_step(rewards[finite], tree, keep, advantages, stats, P, (t_rollout, t_reward, t_backup, t_train))
+        kept_leaves = ~bad[tree.leaf_prompt]  # [L]
+        return {
+            "rewards": rewards[kept_leaves].detach(),
+            "reward_components": {k: v[kept_leaves] for k, v in components.items()},
+            "leaf_prompts": [p for p, k in zip(leaf_prompts, kept_leaves.tolist()) if k],
+            "images": images[kept_leaves],
+        }
+
+    def _count_step(self, updated: bool, faulty: bool, cause: str) -> None:
+        """Count a step that made no update because of a fault; stop when
+        ``faults.max_consecutive_skips`` of them come in a row. ``updated`` and ``faulty`` are the
+        same on every rank, so all ranks count alike and stop together."""
+        if updated:
+            self.fault_counts["consecutive"] = 0
+            return
+        if not faulty:  # nothing trained without a fault (e.g. pruning kept no edge)
+            return
+        self.fault_counts["skipped_steps"] += 1
+        self.fault_counts["consecutive"] += 1
+        if self.fault_counts["consecutive"] >= self.faults.max_consecutive_skips:
+            raise FaultLimitError(
+                f"{self.fault_counts['consecutive']} training steps in a row were skipped "
+                f"(faults.max_consecutive_skips={self.faults.max_consecutive_skips}), up to iteration "
+                f"{self.iteration}; last cause: {cause}; fix the reward or lower the learning rate, "
+                "or resume from the last checkpoint with --ckpt_path last"
+            )
+
+    def _log_step(
+        self,
+        finite_rewards: Tensor,
+        tree: RolloutTree,
+        keep: Tensor,
+        advantages: Tensor,
+        stats: dict[str, Any] | None,
+        B: int,
+        times: tuple[float, float, float, float],
+    ) -> None:
+        t_rollout, t_reward, t_backup, t_train = times
+        if finite_rewards.numel():
+            self.log("reward", finite_rewards.mean(), prog_bar=True, batch_size=B)
+        metrics: dict[str, Any] = {
+            "train/edges_kept": keep.float().sum(),
+            "train/edges": float(tree.num_edges),
+            "adv/mean": advantages.mean() if advantages.numel() else 0.0,
+            "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
+            "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
+            "nfe/rollout": float(tree.nfe),
+            "time/rollout_s": t_rollout,
+            "time/reward_s": t_reward,
+            "time/advantages_s": t_backup,
+            "time/train_s": t_train,
+            "iteration": float(self.iteration),
+        }
+        metrics.update({f"faults/{name}": float(value) for name, value in self.fault_counts.items()})
+        if stats is not None:
+            self.log("loss", stats["loss"], prog_bar=True, batch_size=B)
+            metrics.update(
+                {
+                    "train/clip_frac": stats["clip_frac"],
+                    "train/approx_kl": stats["approx_kl"],
+                    "train/ratio_mean": stats["ratio_mean"],
+                    "train/kl": stats["kl"],
+                    "train/policy_loss": stats["policy_loss"],
+                    "train/forwards": float(stats["forwards"]),
+                    "nfe/train": float(stats["forwards"]),
+                }
+            )
+        self.log_dict(metrics, batch_size=B)
+
+    def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
+        """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
+        if self.trainer.world_size == 1:
+            return [int(v) for v in values]
+        flags = torch.tensor([float(v) for v in values], device=self.device)  # [K]
+        total = self.trainer.strategy.reduce(flags, reduce_op="sum")  # [K]
+        return [int(v) for v in total.round().tolist()]
+
+    def _any_rank(self, decision: bool) -> bool:
+        """True on every rank if ``decision`` is true on any of them."""
+        if self.trainer.world_size == 1:
+            return decision
+        return self.trainer.strategy.reduce_boolean_decision(decision, all=False)
 
     def _train_on(
         self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int
     ) -> dict[str, Any]:
-        """Clipped policy-gradient updates over the kept edges; returns averaged statistics."""
+        """Clipped policy-gradient updates over the kept edges; returns averaged statistics, the
+        number of optimizer steps taken (``updates``) and the last fault (``cause``, or None)."""
         optimizer = self.optimizers()
         shuffle = torch.Generator().manual_seed((self.seed * _MIX + self.iteration) * _MIX + first_position + 1)
         sums: dict[str, Tensor] = {}
         micro = 0
         forwards = 0
+        updates = 0
+        cause = None
+        bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         for _ in range(self.inner_epochs):
             batches = source_minibatches(tree, keep, num_batches=self.minibatches * self.accumulate, generator=shuffle)
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
                 with optimizer.toggle_model(sync_grad=last):
                     loss, out, n = self._edge_loss(tree, cond, advantages, edges)
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(
-                            f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
-                        )
+                    # backpropagated even when it is not finite: every rank must run the same
+                    # backward passes; the optimizer step below is what the check refuses
+                    if bad_loss is None and not bool(torch.isfinite(loss)):
+                        bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
                     self.manual_backward(loss / self.accumulate)
                 forwards += n
                 micro += 1
@@ -311,14 +546,32 @@ class TreeGRPOModule(LightningModule):
                 if last:
                     if self.grad_clip is not None:
                         self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                    self._check_finite_grads()
+                    problem = bad_loss or (
+                        None if self._grads_finite() else f"non-finite gradient at iteration {self.iteration}"
+                    )
+                    bad_loss = None
+                    if self._any_rank(problem is not None):
+                        problem = problem or f"a non-finite loss or gradient on another rank at iteration {self.iteration}"
+                        optimizer.zero_grad(set_to_none=True)
+                        if self.faults.nonfinite == "error":
+                            raise FloatingPointError(
+                                f"{problem}; no optimizer step was taken (set --model.faults.nonfinite skip "
+                                "to skip such steps)"
+                            )
+                        self.fault_counts["skipped_updates"] += 1
+                        cause = problem
+                        warnings.warn(f"{problem}; optimizer step skipped (faults.nonfinite=skip)", FaultWarning, stacklevel=2)
+                        continue
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
+                    updates += 1
         scheduler = self.lr_schedulers()
-        if scheduler is not None:
+        if scheduler is not None and updates:
             scheduler.step()
         stats = {k: v / max(micro, 1) for k, v in sums.items()}
         stats["forwards"] = forwards
+        stats["updates"] = updates
+        stats["cause"] = cause
         return stats
 
     def _edge_loss(
@@ -346,16 +599,65 @@ class TreeGRPOModule(LightningModule):
         stats = {k: getattr(out, k).detach() for k in _LOSS_STATS}
         return out.loss, stats, new.num_forwards
 
-    def _check_finite_grads(self) -> None:
-        """Refuse to step on NaN / inf gradients (one device sync for all parameters)."""
+    def _grads_finite(self) -> bool:
+        """Whether every local gradient is finite (one device sync for all parameters)."""
         # FSDP2 gradients are DTensors: each rank checks its own shard
         grads = [
             p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             for p in self.adapter.trainable_parameters()
             if p.grad is not None
         ]
-        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
-            raise FloatingPointError(f"non-finite gradient at iteration {self.iteration}; no optimizer step was taken")
+        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+    # ------------------------------------------------------------------------ memory
+    def _check_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
+        """Refuse a rollout whose recorded tensors cannot fit (see :class:`MemoryGuard`); every
+        rank decides together, so none is left waiting in a collective."""
+        guard = self.memory_guard
+        if not guard.enabled:
+            return
+        estimate = rollout_memory(
+            spec,
+            num_prompts,
+            tuple(noise.shape[1:]),
+            noise.dtype,
+            cond_bytes=cond_row_bytes(cond),
+            cfg=self.adapter.do_cfg,
+        )
+        available, where = self._available_memory()
+        if available is None:
+            warnings.warn(
+                f"memory guard: the available memory is {where}, so the rollout's estimated "
+                f"{estimate.describe()} is not checked; give --model.memory_guard.available_gb",
+                stacklevel=2,
+            )
+        limit = None if available is None else available * guard.fraction
+        refuse = limit is not None and estimate.total > limit
+        if not self._any_rank(refuse):
+            return
+        if not refuse:
+            raise RolloutMemoryError("memory guard: another data-parallel rank cannot fit the rollout; see its message")
+        raise RolloutMemoryError(
+            f"memory guard: one rollout needs about {estimate.describe()} for {num_prompts} prompts x "
+            f"{spec.num_leaves} leaves on this rank, but {format_bytes(available)} is available ({where}; "
+            f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.tree.max_batch, "
+            "the branching or num_trees, or set --model.memory_guard.enabled false to skip this check"
+        )
+
+    def _available_memory(self) -> tuple[int | None, str]:
+        """(bytes available to this rank, where the number comes from)."""
+        if self.memory_guard.available_gb is not None:
+            return int(self.memory_guard.available_gb * 1e9), "--model.memory_guard.available_gb"
+        device = self.adapter.device
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0], f"free on {device}"
+        if device.type != "cpu":
+            return None, f"not measured on {device.type}"
+        available = _mem_available()
+        processes = max(self.trainer.num_devices, 1)  # processes of this node share its memory
+        if available is None:
+            return None, "MemAvailable unknown"
+        return available // processes, f"MemAvailable / {processes} process(es) of this node"
 
     # ------------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -401,6 +703,7 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
+        self._memory_checked = False
         self._sync_data_stream()
 
     def _sync_data_stream(self) -> None:
@@ -420,7 +723,11 @@ class TreeGRPOModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        checkpoint["lit_treegrpo"] = {"iteration": self.iteration, "fingerprint": self._fingerprint()}
+        checkpoint["lit_treegrpo"] = {
+            "iteration": self.iteration,
+            "fingerprint": self._fingerprint(),
+            "faults": dict(self.fault_counts),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("lit_treegrpo")
@@ -443,23 +750,18 @@ class TreeGRPOModule(LightningModule):
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
         self.iteration = int(saved["iteration"])
+        # checkpoints from before the fault counters existed start them at 0
+        self.fault_counts = {**dict.fromkeys(FAULT_COUNTERS, 0), **saved.get("faults", {})}
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
 
 
 def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
     """A RewardModel from a name, a name -> weight mapping, or a ready model (validated early)."""
+    names = check_reward_names(reward, kwargs)
     if isinstance(reward, str):
-        unknown = set(kwargs) - {reward}
-        if unknown:
-            raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not the reward {reward!r}")
         return build_reward(reward, **kwargs.get(reward, {}))
     if isinstance(reward, dict):
-        if not reward:
-            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
-        unknown = set(kwargs) - set(reward)
-        if unknown:
-            raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {sorted(reward)}")
-        models = {name: build_reward(name, **kwargs.get(name, {})) for name in reward}
+        models = {name: build_reward(name, **kwargs.get(name, {})) for name in names}
         return MultiReward(models, weights=dict(reward))
     if not isinstance(reward, RewardModel):
         raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
@@ -487,6 +789,32 @@ class _Timer:
         now = self._now()
         elapsed, self.last = now - self.last, now
         return elapsed
+
+
+def _constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Tensor:
+    """[P] bool: prompts whose leaves all got the same reward (their advantages are exactly 0)."""
+    hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
+    lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
+    return hi == lo
+
+
+def _mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux), else psutil's, else None."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
+    try:
+        import psutil
+    except ImportError:  # optional: without it (and without /proc) the guard cannot measure
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _slug(text: str, length: int = 40) -> str:

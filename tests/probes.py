@@ -1,11 +1,18 @@
-"""Callbacks that let subprocess tests observe a run: per-rank parameters, step markers."""
+"""Callbacks and rewards that let subprocess tests observe or disturb a run: per-rank parameters,
+a gate that holds a training step at a known point until the test has signalled the process, and
+a reward that fails on purpose."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
+
+from lit_treegrpo.rewards import RewardModel
 
 
 class SaveRankParameters(pl.Callback):
@@ -18,13 +25,73 @@ class SaveRankParameters(pl.Callback):
         torch.save(params, self.folder / f"rank{trainer.global_rank}.pt")
 
 
-class StepMarker(pl.Callback):
-    """Touches ``<folder>/<iteration>`` after every training step, so a test knows how far a
-    subprocess has got before it signals it."""
+class GateInStep(pl.Callback):
+    """Holds training step ``iteration`` inside its first model call of ``phase`` (``rollout``:
+    the tree's first denoising step; ``training``: the first log-prob recomputation with grad):
+    touches ``<folder>/inside``, then waits until ``<folder>/go`` exists. A test sends its signal
+    between the two, so the signal is known to arrive during that phase. Once per folder: a
+    resumed run (``inside`` already there) passes straight through."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, iteration: int = 3, phase: str = "rollout", timeout_s: float = 300.0) -> None:
+        if phase not in ("rollout", "training"):
+            raise ValueError(f"phase must be 'rollout' or 'training', got {phase!r}")
         self.folder = Path(folder)
+        self.iteration = iteration
+        self.phase = phase
+        self.timeout_s = timeout_s
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / str(pl_module.iteration)).touch()
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        inside = self.folder / "inside"
+        if pl_module.iteration != self.iteration or inside.exists():
+            return
+        adapter = pl_module.adapter
+        predict = adapter.predict
+        held = []
+
+        def gated(x, step_index, cond):
+            # the rollout passes an int step; training recomputes with a [B] tensor under grad
+            in_phase = isinstance(step_index, int) if self.phase == "rollout" else torch.is_grad_enabled()
+            if in_phase and not held:
+                held.append(True)
+                self.folder.mkdir(parents=True, exist_ok=True)
+                inside.touch()
+                deadline = time.monotonic() + self.timeout_s
+                while not (self.folder / "go").exists():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"GateInStep: nobody created {self.folder / 'go'}")
+                    time.sleep(0.01)
+            return predict(x, step_index, cond)
+
+        adapter.predict = gated
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if "predict" in vars(pl_module.adapter):
+            del pl_module.adapter.predict  # the adapter's own method again
+
+
+class FlakyReward(RewardModel):
+    """Mean brightness, failing on purpose on the listed reward calls (counted from 0 in this
+    process): ``raise_on`` raises ``RuntimeError``, ``nan_on`` gives NaN to the leaves of the
+    batch's first prompt. ``rank``: only on that data-parallel rank (``None``: on every rank)."""
+
+    name = "flaky"
+
+    def __init__(self, raise_on: list[int] = (), nan_on: list[int] = (), rank: int | None = None) -> None:
+        super().__init__()
+        self.raise_on = set(raise_on)
+        self.nan_on = set(nan_on)
+        self.rank = rank
+        self.calls = 0
+        self.freeze()
+
+    def score_batch(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        call, self.calls = self.calls, self.calls + 1
+        scores = images.mean(dim=(1, 2, 3))  # [B]
+        if self.rank is not None and int(os.environ.get("LOCAL_RANK", "0")) != self.rank:
+            return scores
+        if call in self.raise_on:
+            raise RuntimeError(f"reward service unavailable (call {call})")
+        if call in self.nan_on:
+            first = torch.tensor([p == prompts[0] for p in prompts], device=scores.device)  # [B]
+            scores = torch.where(first, torch.full_like(scores, float("nan")), scores)
+        return scores

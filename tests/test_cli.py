@@ -107,19 +107,8 @@ def test_ckpt_path_last_without_a_checkpoint_fails_clearly(tmp_path: Path) -> No
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
-    from lit_treegrpo.cli import DEBUG_ENV, main
-
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
-    for name in ("lightning.pytorch", "lightning.fabric"):  # handlers still hold an earlier test's stderr
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, logging.StreamHandler):
-                monkeypatch.setattr(handler, "stream", sys.stderr)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err, err[-2000:]
-    assert "Traceback" not in err
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    assert message in line, line
 
 
 @pytest.mark.parametrize(
@@ -139,6 +128,184 @@ def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, 
         main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _log_to_this_stderr(monkeypatch) -> None:
+    """Point the libraries' stream handlers (lightning, transformers, ...) at this test's
+    captured stderr: the first import created them with an earlier test's, since closed."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler) is logging.StreamHandler:
+                monkeypatch.setattr(handler, "stream", sys.stderr)
+
+
+def _main_error(monkeypatch, capsys, *args: str, code: int = 2) -> str:
+    """Run ``cli.main`` with ``args`` expecting an error: exit status ``code`` (2: a user error),
+    one ``error:`` line and nothing else of jsonargparse's (no usage block) or Python's (no
+    traceback)."""
+    from lit_treegrpo.cli import DEBUG_ENV, main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    _log_to_this_stderr(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == code, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-2000:]
+    assert "usage:" not in err and "Traceback" not in err, err[-2000:]
+    return errors[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building a tiny model fails the test: the error must come before any weights load."""
+    from lit_treegrpo.models import tiny
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was built before the configuration was checked")
+
+    monkeypatch.setattr(tiny, "tiny_sd3_pipeline", never)
+    monkeypatch.setattr(tiny, "tiny_sd15_pipeline", never)
+
+
+BAD_YAML = """model:
+  tree:
+    branchin: 3
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.nope", "1"], "--model.nope: no such option; --model takes accumulate, adapter, advantage"),
+        (["--model.tree.branchng", "3"], "--model.tree.branchng: no such option; did you mean --model.tree.branching?"),
+        (["--trainer.max_step", "3"], "--trainer.max_step: no such option; did you mean --trainer.max_steps?"),
+        (["--config", "BAD_YAML"], "--model.tree.branchin (a command-line option or a config key): no such option; did you mean --model.tree.branching?"),
+        (["--model.minibatches", "abc"], "--model.minibatches: expected int, got 'abc'; fix the value"),
+        (["--model.tree.branching", "two"], "--model.tree.branching: 'two' is none of int, tuple[int, ...]"),
+        (["--model.advantage.method", "median"], "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?"),
+        (["--model.adapter.init_args.num_step", "4"], "--model.adapter.init_args.num_step: lit_treegrpo.models.tiny.TinySD3Adapter takes no option 'num_step'; did you mean num_steps?"),
+        (["--model.faults.nonfinite", "skp"], "got 'skp'; did you mean skip?"),
+    ],
+)
+def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
+    if "BAD_YAML" in args:
+        (tmp_path / "bad.yaml").write_text(BAD_YAML)
+        args = [str(tmp_path / "bad.yaml") if a == "BAD_YAML" else a for a in args]
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    assert message in line, line
+    assert "`python -m lit_treegrpo fit --help` lists every option" in line
+
+
+def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_model) -> None:
+    from lit_treegrpo.cli import DEBUG_ENV, UserError, main
+
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(UserError, match="--model.tree.branchng: no such option"):  # raised, not printed
+        main(["fit", "--config", str(TINY), "--model.tree.branchng", "3", "--trainer.default_root_dir", str(tmp_path)])
+
+
+def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branchng", "3", root=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: --model.tree.branchng: no such option; did you mean --model.tree.branching?"
+    ), result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == result.stderr.strip().splitlines()[-1:]
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.tree.branch_steps", "[3]"], "--model.tree: branch_steps contains the last denoising step 3"),
+        (["--model.tree.branching", "8", "--model.tree.max_leaves", "32"], "--model.tree: the tree has 64 leaves per prompt"),
+        (["--model.tree.num_steps", "6"], "--model.tree.num_steps=6 but the adapter samples with num_steps=4"),
+        (["--model.tree.branch_steps", "[]"], "--model.tree has no stochastic step, so nothing would train"),
+        (["--model.minibatches", "0"], "--model.minibatches must be >= 1, got 0"),
+        (["--model.grad_clip", "0"], "--model.grad_clip must be > 0 or null"),
+        (["--model.advantage.clip", "-1"], "--model.advantage: advantage.clip must be > 0 or null"),
+        (["--model.pruning.ratio", "2"], "--model.pruning: pruning.ratio must be in (0, 1]"),
+        (["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.clip_range", "0"], "--model.loss: loss.clip_range must be > 0"),
+        (["--model.loss.kl_beta", "0.1", "--model.adapter.init_args.lora", "null"], "--model.loss.kl_beta > 0 needs the adapter's lora"),
+        (["--model.faults.max_consecutive_skips", "0"], "--model.faults: faults.max_consecutive_skips must be >= 1"),
+        (["--model.memory_guard.fraction", "1.5"], "--model.memory_guard: memory_guard.fraction must be in (0, 1]"),
+        (["--model.reward", "{hps: 0.5, nope: 0.5}"], "--model.reward: unknown reward 'nope'; known rewards: aesthetic,"),
+        (["--model.reward_kwargs", "{hps: {}}"], "--model.reward: reward_kwargs names ['hps'], which are not among the rewards ['brightness']"),
+        (["--data.prompts", "/no/such/prompts.txt"], "--data.prompts: '/no/such/prompts.txt' is neither a file nor a built-in prompt set"),
+        (["--data.batch_size", "0"], "--data.batch_size must be >= 1, got 0"),
+        (["--data.global_batch_size", "3", "--trainer.devices", "2", "--trainer.strategy", "ddp"],
+         "--data.global_batch_size 3 is not divisible by the 2 data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of 2 (2 or 4)"),
+        (["--data.global_batch_size", "4"], "--data.batch_size 2 and --data.global_batch_size 4 disagree"),
+        (["--ckpt_path", "last"], "--ckpt_path last: no checkpoint at"),
+    ],
+)
+def test_model_free_errors_come_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    assert message in line, line
+
+
+@pytest.mark.parametrize("how", ["last", "path"])
+def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, how) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    if how == "last":  # a last.ckpt cut short (a full disk, a kill during a non-atomic write)
+        torch.save({"w": torch.zeros(10_000)}, folder / "last.ckpt")
+        (folder / "last.ckpt").write_bytes((folder / "last.ckpt").read_bytes()[:20_000])
+        given, path, option = "last", folder / "last.ckpt", "--ckpt_path last"
+    else:  # some other file passed by mistake
+        path = tmp_path / "notes.ckpt"
+        path.write_text("step 100: reward 0.41\n")
+        given, option = str(path), "--ckpt_path"
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--ckpt_path", given,
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
+    assert f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+
+
+def test_a_tree_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path, capsys, monkeypatch) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb", "1e-6",
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: memory guard: one rollout needs about "), line
+    assert "but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B); lower --data.batch_size" in line
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:
+    always_nan = '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0, 1, 2, 3, 4, 5, 6, 7]}}'
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", always_nan,
+                       "--model.faults.nonfinite", "skip", "--model.faults.max_consecutive_skips", "2",
+                       "--data.batch_size", "1", "--trainer.callbacks=[]", "--trainer.limit_val_batches", "0",
+                       "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
+    assert line.startswith(
+        "error: 2 training steps in a row were skipped (faults.max_consecutive_skips=2), up to iteration 1; "
+        "last cause: non-finite rewards for prompts ['a "
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.reward", '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0]}}'],
+         "error: reward 'flaky' gave non-finite scores for 4 of 8 images (indices [0, 1, 2, 3], prompts ['a "),
+        (["--model.loss", "tests.test_module._NaNLossAt", "--model.loss.at", "[0]"],
+         "error: non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken (set --model.faults.nonfinite skip"),
+    ],
+)
+def test_a_numerical_fault_under_the_error_policy_is_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.callbacks=[]",
+                       "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
+    assert line.startswith(message), line
+
+
+def test_a_reward_whose_extra_is_not_installed_is_refused_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+    monkeypatch.setitem(sys.modules, "ImageReward", None)  # `import ImageReward` fails, installed or not
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", "image_reward",
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: --model.reward: reward 'image_reward' needs a package that is not installed")
+    assert "pip install 'lit-treegrpo[image-reward]'" in line
 
 
 def test_an_unknown_reward_is_refused_before_any_model_loads(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -174,6 +341,9 @@ def test_fit_help_shows_the_options_docstrings() -> None:
         "optimizer steps per inner epoch",  # TreeGRPOModule argument docstring
         "Training prompts: a .txt file",  # PromptDataModule argument docstring
         "``mean`` (TreeGRPO code)",  # AdvantageSettings attribute docstring
+        "drop the prompts whose leaves got NaN / inf rewards",  # FaultPolicy attribute docstring
+        "Refuse when the estimate exceeds this fraction",  # MemoryGuard attribute docstring
+        "Prompts per training step over all data-parallel ranks",  # PromptDataModule.global_batch_size
     ):
         assert snippet in text, snippet
     # every model and data option carries a description, not just its type
@@ -227,6 +397,33 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
 
 
 @pytest.mark.slow
+def test_ddp_ranks_skip_together_when_one_ranks_reward_fails(tmp_path: Path) -> None:
+    # rank 1 only: its reward raises on its 2nd call (the whole step is skipped on both ranks) and
+    # gives NaN to one of its prompts on the 3rd (dropped there; both ranks still train). A rank
+    # deciding alone would leave the other waiting in an all-reduce until the test times out.
+    flaky = '{"class_path": "tests.probes.FlakyReward", "init_args": {"raise_on": [1], "nan_on": [2], "rank": 1}}'
+    probe = '{"class_path": "tests.probes.SaveRankParameters", "init_args": {"folder": "%s"}}' % (tmp_path / "ranks")
+    result = fit(
+        tmp_path / "ddp",
+        "--trainer.max_steps", "4",
+        "--trainer.limit_val_batches", "0",
+        "--trainer.strategy", "ddp",
+        "--trainer.devices", "2",
+        "--trainer.callbacks=[]",  # RewardMetrics needs every step's rewards; a skipped step has none
+        "--trainer.callbacks+", probe,
+        "--model.reward", flaky,
+        "--model.faults.nonfinite", "skip",
+    )  # fmt: skip
+    assert "`max_steps=4` reached" in result.stderr  # finished, no rank left waiting
+    saved = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["lit_treegrpo"]
+    assert saved["iteration"] == 5  # 4 updates took 5 rollouts
+    assert saved["faults"]["skipped_steps"] == 1 and saved["faults"]["skipped_groups"] == 1
+    rank0 = torch.load(tmp_path / "ranks" / "rank0.pt")
+    rank1 = torch.load(tmp_path / "ranks" / "rank1.pt")
+    assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tiny_config_reward_rises_over_30_steps(tmp_path: Path, seed: int) -> None:
     fit(
@@ -267,27 +464,52 @@ def test_sharded_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
     assert "save_distributed_checkpoint: false" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_sigterm_writes_the_last_completed_step_and_resume_loses_nothing(tmp_path: Path) -> None:
-    args = ("--trainer.max_steps", "12", "--trainer.limit_val_batches", "0")
-    fit(tmp_path / "full", *args)
-    marker = '{"class_path": "tests.probes.StepMarker", "init_args": {"folder": "%s"}}' % (tmp_path / "steps")
+INTERRUPT_ARGS = ("--trainer.max_steps", "8", "--trainer.limit_val_batches", "0")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """One uninterrupted run that every kill-and-resume test compares against."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    fit(root, *INTERRUPT_ARGS)
+    return root
+
+
+def _interrupt_and_resume(root: Path, reference: Path, signum: int, phase: str) -> None:
+    """Signal a real run while it is inside ``phase`` of training step 3, resume it with
+    ``--ckpt_path last``, and compare with the uninterrupted run."""
+    gate = root / "gate"
+    probe = '{"class_path": "tests.probes.GateInStep", "init_args": {"folder": "%s", "iteration": 3, "phase": "%s"}}'
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-m", "lit_treegrpo", "fit", "--config", str(TINY), *QUIET, *args,
-               "--trainer.callbacks+", marker, "--trainer.default_root_dir", str(tmp_path / "part")]  # fmt: skip
+    env.pop("LIT_TREEGRPO_DEBUG", None)
+    command = [sys.executable, "-m", "lit_treegrpo", "fit", "--config", str(TINY), *QUIET, *INTERRUPT_ARGS,
+               "--trainer.callbacks+", probe % (gate, phase), "--trainer.default_root_dir", str(root / "part")]  # fmt: skip
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not (tmp_path / "steps" / "3").exists():
+    while not (gate / "inside").exists():  # the run is now held inside step 3's `phase`
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         assert time.monotonic() < deadline, "the run never reached step 3"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
+    (gate / "go").touch()  # the signal is on its way; let the step go on
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    assert "checkpoint written to" in out + err
-    stopped_at = torch.load(tmp_path / "part" / "checkpoints" / "last.ckpt", weights_only=False)["lit_treegrpo"]["iteration"]
-    assert 3 <= stopped_at < 12  # the step in flight finished; nothing after it ran
-    fit(tmp_path / "part", *args, "--ckpt_path", "last")
-    assert sorted(p.name for p in (tmp_path / "part" / "checkpoints").iterdir()) == ["last.ckpt"]
-    a, b = trainable(tmp_path / "full" / "checkpoints" / "last.ckpt"), trainable(tmp_path / "part" / "checkpoints" / "last.ckpt")
-    assert all(torch.equal(a[k], b[k]) for k in a), "the interrupted and resumed run differs"
-    assert [v for _, v in scalars(tmp_path / "part", "loss")] == [v for _, v in scalars(tmp_path / "full", "loss")]
+    assert "Interrupted after training step 4: checkpoint written to" in out + err
+    last = root / "part" / "checkpoints" / "last.ckpt"
+    # the step in flight (iteration 3) finished and was saved; nothing after it ran
+    assert torch.load(last, weights_only=False)["lit_treegrpo"]["iteration"] == 4
+    resumed = fit(root / "part", *INTERRUPT_ARGS, "--trainer.callbacks+", probe % (gate, phase), "--ckpt_path", "last")
+    assert "Resuming from" in resumed.stdout + resumed.stderr
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
+    a, b = trainable(reference / "checkpoints" / "last.ckpt"), trainable(last)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the interrupted and resumed run differs"
+    assert [v for _, v in scalars(root / "part", "loss")] == [v for _, v in scalars(reference, "loss")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path, signum) -> None:
+    _interrupt_and_resume(tmp_path, uninterrupted, signum, "rollout")
+
+
+def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path) -> None:
+    _interrupt_and_resume(tmp_path, uninterrupted, signal.SIGTERM, "training")

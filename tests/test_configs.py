@@ -14,11 +14,14 @@ import pytest
 from lit_treegrpo import rewards
 from lit_treegrpo.cli import TreeGRPOCLI
 from lit_treegrpo.models import SD3Adapter, SD15Adapter
+from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
 from lit_treegrpo.models.tiny import tiny_sd3_pipeline, tiny_sd15_pipeline
 from lit_treegrpo.module import TreeGRPOModule
+from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RUN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "trees")
+PRETRAIN = CONFIGS / "shapes_pretrain.yaml"  # the Shapes model's own pre-training CLI
+RUN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "trees" and p != PRETRAIN)
 
 
 @pytest.fixture
@@ -45,12 +48,13 @@ def offline_weights(monkeypatch, tmp_path):
         monkeypatch.setitem(rewards.REWARDS, name, lambda make=make, **kw: make(tmp_path / "reward"))
     # ImageReward needs the image-reward extra (its own venv in CI): any frozen reward stands in
     monkeypatch.setitem(rewards.REWARDS, "image_reward", lambda **kw: rewards.Brightness())
+    monkeypatch.delitem(rewards.REQUIREMENTS, "image_reward")  # the stand-in needs no extra
     return loaded
 
 
 def test_every_run_config_is_covered() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in RUN_CONFIGS}
-    assert {"tiny.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml"} <= names
+    assert {"tiny.yaml", "shapes.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml"} <= names
     assert {f"baselines/{m}.yaml" for m in ("dancegrpo", "flowgrpo", "mixgrpo", "branchgrpo")} <= names
 
 
@@ -64,7 +68,18 @@ def test_config_instantiates_through_the_cli(config: Path, offline_weights, tmp_
     )
     assert isinstance(cli.model, TreeGRPOModule)
     assert cli.model.tree.num_steps == cli.model.adapter.num_steps
-    if "pretrained:" in text:
+    if isinstance(cli.model.adapter, ShapesAdapter):  # the shipped weights, through from_pretrained
+        assert cli.model.adapter.source == str(builtin_folder())
+    elif "pretrained:" in text:
         assert offline_weights, "the real loading path was not taken"
     checkpoint_dirs = [c.dirpath for c in cli.trainer.checkpoint_callbacks]
     assert checkpoint_dirs == [str(tmp_path / "checkpoints")]
+
+
+def test_the_pretraining_config_instantiates_through_its_cli(tmp_path: Path) -> None:
+    text = PRETRAIN.read_text()
+    assert text.startswith("#") and "Launch: python -m lit_treegrpo.shapes.pretrain fit --config" in text
+    cli = PretrainCLI(args=["--config", str(PRETRAIN), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert isinstance(cli.model, ShapesPretrainModule)
+    assert cli.datamodule.image_size == cli.model.config.image_size == 16
+    assert cli.trainer.max_steps > 0

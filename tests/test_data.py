@@ -24,6 +24,7 @@ from lit_treegrpo.data import (
     eval_batches,
     load_prompts,
     prompt_permutation,
+    resolve_batch_size,
 )
 from lit_treegrpo.shapes import world
 
@@ -160,6 +161,43 @@ def test_bad_val_prompts_name_their_own_option(tmp_path: Path) -> None:
 def test_bad_options(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PromptDataModule("shapes", **kwargs)
+
+
+# ----------------------------------------------------------------------------- global batch size
+def test_global_batch_size_is_split_over_the_data_parallel_ranks() -> None:
+    dm = PromptDataModule("animals", global_batch_size=8, seed=3)
+    assert [dm.per_rank_batch_size(w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    ranks = [dm.train_dataset(rank=r, world_size=2) for r in range(2)]
+    assert [r.batch_size for r in ranks] == [4, 4]
+    same = PromptDataModule("animals", batch_size=4, seed=3)  # the per-rank spelling of the same run
+    for k in range(3):
+        assert [r.indices(k) for r in ranks] == [same.train_dataset(rank=r, world_size=2).indices(k) for r in range(2)]
+    # neither given: 4 per rank, whatever the world size
+    assert PromptDataModule("animals").per_rank_batch_size(3) == 4
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "global_batch_size", "world", "message"),
+    [
+        (None, 6, 4, r"--data\.global_batch_size 6 is not divisible by the 4 data-parallel processes \(--trainer\.devices x "
+                     r"--trainer\.num_nodes\); use a multiple of 4 \(4 or 8\), or give --data\.batch_size"),
+        (None, 3, 8, r"use a multiple of 8 \(8\)"),
+        (2, 8, 2, r"--data\.batch_size 2 and --data\.global_batch_size 8 disagree: 2 process\(es\) x 2 != 8; give only one"),
+    ],
+)
+def test_batch_sizes_that_do_not_divide_are_refused(batch_size, global_batch_size, world, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        resolve_batch_size(batch_size, global_batch_size, world)
+    assert resolve_batch_size(4, 8, 2) == 4  # both given and consistent is fine
+
+
+def test_setup_checks_the_global_batch_against_the_trainer_world_size(monkeypatch) -> None:
+    dm = PromptDataModule("animals", global_batch_size=6)
+    monkeypatch.setattr(dm, "data_parallel", lambda: (0, 4))  # as a 4-process trainer reports it
+    with pytest.raises(ValueError, match="--data.global_batch_size 6 is not divisible by the 4"):
+        dm.setup("fit")
+    with pytest.raises(ValueError, match="--data.global_batch_size must be >= 1"):
+        PromptDataModule("animals", global_batch_size=0)
 
 
 @pytest.mark.filterwarnings("ignore:.*occur more than once")

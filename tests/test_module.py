@@ -7,10 +7,20 @@ import pytest
 import torch
 
 from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, TreeSpec
+from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import AdvantageSettings, TreeGRPOModule
+from lit_treegrpo.module import (
+    AdvantageSettings,
+    FaultLimitError,
+    FaultPolicy,
+    FaultWarning,
+    MemoryGuard,
+    RolloutMemoryError,
+    TreeGRPOModule,
+)
 from lit_treegrpo.rewards import Brightness, RewardModel
+from tests.probes import FlakyReward
 
 T = 3
 SPEC = TreeSpec(T, branch_steps=(0, 1), branching=2)
@@ -163,3 +173,222 @@ def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
     with pytest.raises(FloatingPointError, match="non-finite gradient at iteration 0"):
         fit(model, 2, tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))
+
+
+# ---------------------------------------------------------------------------------------------
+# faults: NaN / inf rewards, failing reward calls, non-finite losses and gradients
+# ---------------------------------------------------------------------------------------------
+
+SKIP = FaultPolicy(nonfinite="skip", max_consecutive_skips=3)
+
+
+class _ParameterLog(L.Callback):
+    """The trainable parameters after every training step."""
+
+    def __init__(self) -> None:
+        self.after: list[list[torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.after.append([p.detach().clone() for p in pl_module.adapter.trainable_parameters()])
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_skip_drops_the_prompt_with_a_nan_reward_and_trains_the_others(tmp_path) -> None:
+    model = module(reward=FlakyReward(nan_on=[0, 1]), faults=SKIP)
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.warns(FaultWarning, match=r"iteration 0: non-finite rewards for 1 of 2 prompts \['a "):
+        trainer = fit(model, 2, tmp_path)
+    metrics = trainer.callback_metrics
+    # SPEC grows 2 + 4 = 6 edges per prompt; the NaN prompt's 6 get no gradient, the other's 6 train
+    assert metrics["train/edges_kept"] == 6 and metrics["train/edges"] == 12
+    assert metrics["faults/skipped_groups"] == 2 and metrics["faults/skipped_steps"] == 0
+    assert model.fault_counts == {"skipped_groups": 2, "skipped_steps": 0, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 0}
+    assert trainer.global_step == 2 and model.iteration == 2  # both steps updated
+    assert not _same(before, list(model.adapter.trainable_parameters()))
+    assert all(torch.isfinite(p).all() for p in model.adapter.trainable_parameters())
+
+
+def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> None:
+    # per-prompt normalisation: replacing prompt 0's rewards changes nothing for prompt 1
+    model = module(faults=SKIP)
+    gens = model._generators(0, 0, 2)
+    cond = model.adapter.encode_prompts(["a red circle", "a blue square"])
+    from lit_treegrpo.core import rollout, tree_advantages
+
+    tree = rollout(model.adapter.predict, model.adapter.step, SPEC, cond, model._root_noise(gens, 1), generator=gens)
+    rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(0))
+    stand_in = torch.where(tree.leaf_prompt == 0, torch.zeros_like(rewards), rewards)
+    args = (tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
+    for method in ("mean", "logprob_softmax", "branch_fusion", "parent_relative"):
+        full = tree_advantages(rewards, *args, method=method, edge_old_log_prob=tree.edge_old_log_prob)
+        dropped = tree_advantages(stand_in, *args, method=method, edge_old_log_prob=tree.edge_old_log_prob)
+        other = tree.edge_prompt == 1
+        assert torch.equal(full[other], dropped[other]), method
+
+
+def test_skip_skips_the_step_whose_reward_raises_and_counts_it(tmp_path) -> None:
+    model = module(reward=FlakyReward(raise_on=[1]), faults=SKIP)
+    log = _ParameterLog()
+    with pytest.warns(FaultWarning, match=r"iteration 1: the reward raised RuntimeError: reward service unavailable \(call 1\); skipping"):
+        trainer = fit(model, 3, tmp_path, callbacks=[log])
+    # 3 optimizer steps took 4 rollouts: iteration 1 made no update
+    assert trainer.global_step == 3 and model.iteration == 4
+    assert _same(log.after[1], log.after[0]) and not _same(log.after[2], log.after[1])
+    assert model.fault_counts["skipped_steps"] == 1 and model.fault_counts["consecutive"] == 0
+    assert trainer.callback_metrics["faults/skipped_steps"] == 1
+
+
+def test_under_error_a_raising_reward_propagates(tmp_path) -> None:
+    model = module(reward=FlakyReward(raise_on=[0]))
+    with pytest.raises(RuntimeError, match=r"reward service unavailable \(call 0\)"):
+        fit(model, 2, tmp_path)
+
+
+def test_skip_stops_after_max_consecutive_skips_naming_the_last_cause(tmp_path) -> None:
+    model = module(reward=FlakyReward(nan_on=list(range(100))), faults=SKIP, tree=TreeSpec(T, branch_steps=(0, 1), branching=2))
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.warns(FaultWarning), pytest.raises(FaultLimitError) as err:
+        # one prompt per batch: every prompt is NaN, so no step can train
+        trainer = L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                            default_root_dir=tmp_path)  # fmt: skip
+        trainer.fit(model, PromptDataModule("shapes", batch_size=1, val_size=0, val_fraction=0.0))
+    assert str(err.value).startswith(
+        "3 training steps in a row were skipped (faults.max_consecutive_skips=3), up to iteration 2; "
+        "last cause: non-finite rewards for prompts ['a "
+    )
+    assert model.fault_counts["skipped_steps"] == 3 and model.fault_counts["skipped_groups"] == 3
+    assert _same(before, list(model.adapter.trainable_parameters()))  # nothing was ever trained
+
+
+def test_skip_never_steps_on_a_non_finite_gradient_and_stops_after_n(tmp_path) -> None:
+    model = module(faults=SKIP)
+    predict = model.adapter.predict
+
+    def poisoned(x, step_index, cond):
+        out = predict(x, step_index, cond)
+        return _NaNGradient.apply(out) if torch.is_grad_enabled() else out
+
+    model.adapter.predict = poisoned
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.warns(FaultWarning, match="non-finite gradient at iteration 0; optimizer step skipped"):
+        with pytest.raises(FaultLimitError, match="last cause: non-finite gradient at iteration 2"):
+            fit(model, 5, tmp_path)
+    assert model.fault_counts["skipped_updates"] == 3 and model.fault_counts["skipped_steps"] == 3
+    assert _same(before, list(model.adapter.trainable_parameters()))
+    assert all(p.grad is None for p in model.adapter.trainable_parameters())  # zeroed, not kept
+
+
+class _NaNLossAt(ClippedPolicyLoss):
+    """The clipped loss, made NaN at the listed calls (one call per micro-batch)."""
+
+    def __init__(self, at: set[int]) -> None:
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        call, self.calls = self.calls, self.calls + 1
+        return out._replace(loss=out.loss * float("nan")) if call in self.at else out
+
+
+def test_skip_skips_only_the_optimizer_step_whose_loss_is_not_finite(tmp_path) -> None:
+    model = module(loss=_NaNLossAt({1}), faults=SKIP, minibatches=2)
+    with pytest.warns(FaultWarning, match=r"non-finite loss nan at iteration 0, micro-batch 1; optimizer step skipped"):
+        trainer = fit(model, 4, tmp_path)
+    # 2 optimizer steps per rollout, the second of iteration 0 skipped: 1 + 2 + 2 after 3 rollouts
+    # (Lightning checks max_steps between training steps)
+    assert trainer.global_step == 5 and model.iteration == 3
+    assert model.fault_counts["skipped_updates"] == 1 and model.fault_counts["skipped_steps"] == 0
+    assert trainer.callback_metrics["faults/skipped_updates"] == 1  # logged
+    assert all(torch.isfinite(p).all() for p in model.adapter.trainable_parameters())
+
+
+def test_under_error_a_non_finite_loss_names_the_iteration_and_trains_nothing(tmp_path) -> None:
+    model = module(loss=_NaNLossAt({0}))
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.raises(FloatingPointError, match=r"non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken \(set --model.faults.nonfinite skip"):
+        fit(model, 2, tmp_path)
+    assert _same(before, list(model.adapter.trainable_parameters()))
+
+
+class _Constant(RewardModel):
+    name = "constant"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freeze()
+
+    def score_batch(self, images, prompts):
+        return torch.full((images.shape[0],), 0.1)
+
+
+def test_all_equal_rewards_give_exactly_zero_advantages_and_are_counted(tmp_path) -> None:
+    model = module(reward=_Constant())
+    trainer = fit(model, 2, tmp_path)
+    metrics = trainer.callback_metrics
+    assert metrics["adv/abs_max"] == 0.0 and metrics["adv/std"] == 0.0  # exactly 0, not 1e-9
+    assert metrics["faults/zero_std_groups"] == 4 and model.fault_counts["zero_std_groups"] == 4  # 2 prompts x 2 steps
+    assert model.fault_counts["skipped_steps"] == 0  # not a fault: the step runs
+    assert torch.isfinite(metrics["loss"])
+
+
+def test_fault_counters_are_kept_in_checkpoints(tmp_path) -> None:
+    model = module(reward=FlakyReward(nan_on=[0]), faults=SKIP)
+    with pytest.warns(FaultWarning):
+        fit(model, 1, tmp_path)
+    checkpoint = {"state_dict": model.state_dict()}
+    model.on_save_checkpoint(checkpoint)
+    assert checkpoint["lit_treegrpo"]["faults"]["skipped_groups"] == 1
+    fresh = module(reward=FlakyReward(), faults=SKIP)
+    fresh.on_load_checkpoint(checkpoint)
+    assert fresh.fault_counts == model.fault_counts and fresh.iteration == 1
+
+
+def test_bad_fault_and_memory_options_are_named() -> None:
+    with pytest.raises(ValueError, match="faults.nonfinite must be 'error' or 'skip'"):
+        FaultPolicy(nonfinite="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="faults.max_consecutive_skips must be >= 1"):
+        FaultPolicy(max_consecutive_skips=0)
+    with pytest.raises(ValueError, match=r"memory_guard.fraction must be in \(0, 1\]"):
+        MemoryGuard(fraction=0.0)
+    with pytest.raises(ValueError, match="memory_guard.available_gb must be > 0"):
+        MemoryGuard(available_gb=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory guard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_memory_guard_refuses_a_tree_that_cannot_fit_before_the_first_rollout(tmp_path) -> None:
+    model = module(memory_guard=MemoryGuard(available_gb=1e-6))  # 1 kB
+    calls = []
+    predict = model.adapter.predict
+    model.adapter.predict = lambda *a: calls.append(1) or predict(*a)
+    with pytest.raises(RolloutMemoryError) as err:
+        fit(model, 1, tmp_path)
+    message = str(err.value)
+    # the arithmetic is tested in tests/core/test_memory.py; here: the numbers reach the message
+    estimate = rollout_memory(SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(model.adapter.encode_prompts(["a"])))
+    assert message.startswith(f"memory guard: one rollout needs about {estimate.describe()} for 2 prompts x 4 leaves")
+    assert "on this rank, but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B)" in message
+    assert "lower --data.batch_size, --model.tree.max_batch" in message
+    assert "--model.memory_guard.enabled false" in message
+    assert calls == [] and model.iteration == 0  # no rollout ran
+
+
+def test_the_memory_guard_can_be_disabled(tmp_path) -> None:
+    model = module(memory_guard=MemoryGuard(enabled=False, available_gb=1e-6))
+    fit(model, 1, tmp_path)
+    assert model.iteration == 1
+
+
+def test_the_memory_guard_measures_this_machine(tmp_path) -> None:
+    model = module()
+    fit(model, 1, tmp_path)  # the tiny tree fits in any machine's memory
+    available, where = model._available_memory()
+    assert available is not None and available > 0 and where.startswith("MemAvailable / 1 process")

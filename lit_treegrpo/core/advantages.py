@@ -56,6 +56,10 @@ def _segment_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
 def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8) -> Tensor:
     """``(v - mean) / (std + eps)`` within each group, population std; columns independently.
 
+    A group whose values are all equal gets exactly 0 (it carries no signal): its computed mean
+    can differ from the values in the last bit (``3 * 0.1 / 3 != 0.1``), which ``/ (0 + eps)``
+    would blow up to ~1e-9 instead of 0.
+
     Shapes: values [L] or [L, K]; group [L] long (ids need not be contiguous) -> like ``values``.
     """
     _, g = torch.unique(group, return_inverse=True)  # [L] contiguous ids
@@ -64,7 +68,12 @@ def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8) -> Ten
     count = _segment_sum(torch.ones_like(v), g, G)  # [G, (K)]
     mean = _segment_sum(v, g, G) / count  # [G, (K)]
     var = _segment_sum((v - mean[g]).square(), g, G) / count  # [G, (K)] population variance
-    return ((v - mean[g]) / (var.sqrt()[g] + eps)).to(values.dtype)
+    index = g.reshape(-1, *([1] * (v.ndim - 1))).expand_as(v)  # [L, (K)]
+    hi = v.new_full((G, *v.shape[1:]), float("-inf")).scatter_reduce(0, index, v, reduce="amax")
+    lo = v.new_full((G, *v.shape[1:]), float("inf")).scatter_reduce(0, index, v, reduce="amin")
+    constant = (hi == lo)[g]  # [L, (K)]
+    a = (v - mean[g]) / (var.sqrt()[g] + eps)  # [L, (K)]
+    return torch.where(constant, torch.zeros_like(a), a).to(values.dtype)
 
 
 def combine_rewards(

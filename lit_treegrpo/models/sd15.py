@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import StepOutput, ddim_step
-from .base import Cond, DiffusionAdapter, check_tokenizer, load_component, parse_dtype
+from .base import Cond, DiffusionAdapter, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .lora import SD15_LORA_TARGETS, LoraSettings
 
 
@@ -125,13 +125,16 @@ class SD15Adapter(DiffusionAdapter):
     # ------------------------------------------------------------------------ contract
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
-        embeds, negative = self.pipeline.encode_prompt(
-            prompts,
-            device=self.device,
-            num_images_per_prompt=1,
-            do_classifier_free_guidance=self.do_cfg,
-            negative_prompt=[self.negative_prompt] * len(prompts) if self.do_cfg else None,
-        )
+        tokenizer = self.pipeline.tokenizer
+        self.truncation(tokenizer, prompts, tokenizer.model_max_length, "CLIP")
+        with quiet_truncation_logs(self.pipeline):
+            embeds, negative = self.pipeline.encode_prompt(
+                prompts,
+                device=self.device,
+                num_images_per_prompt=1,
+                do_classifier_free_guidance=self.do_cfg,
+                negative_prompt=[self.negative_prompt] * len(prompts) if self.do_cfg else None,
+            )
         cond = {"prompt_embeds": embeds}  # [P, L, D]
         if self.do_cfg:
             cond["negative_prompt_embeds"] = negative  # [P, L, D]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import Dynamics
-from .base import Cond, check_tokenizer, load_component, parse_dtype
+from .base import Cond, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 
@@ -149,15 +149,21 @@ class SD3Adapter(FlowMatchingAdapter):
     # ------------------------------------------------------------------------ contract
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
-        embeds, negative, pooled, negative_pooled = self.pipeline.encode_prompt(
-            prompt=prompts,
-            prompt_2=None,
-            prompt_3=None,
-            device=self.device,
-            do_classifier_free_guidance=self.do_cfg,
-            negative_prompt=[self.negative_prompt] * len(prompts) if self.do_cfg else None,
-            max_sequence_length=self.max_sequence_length,
-        )
+        pipe = self.pipeline
+        # both CLIPs share the vocabulary and the limit, so one count covers them
+        self.truncation(pipe.tokenizer, prompts, pipe.tokenizer_max_length, "CLIP")
+        if pipe.tokenizer_3 is not None:
+            self.truncation(pipe.tokenizer_3, prompts, self.max_sequence_length, "T5")
+        with quiet_truncation_logs(pipe):
+            embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
+                prompt=prompts,
+                prompt_2=None,
+                prompt_3=None,
+                device=self.device,
+                do_classifier_free_guidance=self.do_cfg,
+                negative_prompt=[self.negative_prompt] * len(prompts) if self.do_cfg else None,
+                max_sequence_length=self.max_sequence_length,
+            )
         cond = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}  # [P, L, D], [P, D']
         if self.do_cfg:
             cond["negative_prompt_embeds"] = negative

@@ -222,8 +222,9 @@ class ShapesAdapter(FlowMatchingAdapter):
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
         dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
         negative_prompt: unconditional prompt of CFG (pre-training drops captions to "").
-        lora: LoRA settings on the attention projections; ``None`` (default) fine-tunes the whole
-            transformer, which is cheap at this size and what TreeGRPO does.
+        lora: LoRA settings on the attention projections (rank 16 by default); ``None`` fine-tunes
+            the whole transformer. Under RL, full fine-tuning of this small model drifts (the reward
+            rises, then falls) at the learning rates that move it within minutes; the LoRA does not.
         torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: unused (pixels need no decoder); kept for the adapter interface.
@@ -240,7 +241,7 @@ class ShapesAdapter(FlowMatchingAdapter):
         noise_level: float = 0.7,
         dynamics: Dynamics = "flow_sde",
         negative_prompt: str = "",
-        lora: LoraSettings | None = None,
+        lora: LoraSettings | None = LoraSettings(rank=16, alpha=16.0),
         torch_dtype: str = "float32",
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 256,
@@ -272,6 +273,7 @@ class ShapesAdapter(FlowMatchingAdapter):
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
         self._warn_unknown_words(prompts)
+        self.truncation(self.tokenizer, prompts, self.tokenizer.model_max_length, "Shapes")
         cond = encode_text(self.text_encoder, self.tokenizer, prompts)
         if self.do_cfg:
             negative = encode_text(self.text_encoder, self.tokenizer, [self.negative_prompt])

@@ -19,7 +19,7 @@ from lit_treegrpo.rewards.base import (
 )
 from lit_treegrpo.rewards.clip_score import CLIPScore
 from lit_treegrpo.rewards.hps import HPSv2
-from lit_treegrpo.rewards.image_reward import ImageReward
+from lit_treegrpo.rewards.image_reward import ImageReward, import_image_reward
 from lit_treegrpo.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from lit_treegrpo.rewards.pickscore import PickScore
 from lit_treegrpo.rewards.pixel import Brightness
@@ -39,6 +39,26 @@ REWARDS: dict[str, Callable[..., RewardModel]] = {
 }
 
 
+#: name -> a check that raises an ``ImportError`` naming the extra to install when the reward's
+#: package is missing; run before any model loads (``check_reward_available``)
+REQUIREMENTS: dict[str, Callable[[], object]] = {
+    "image_reward": import_image_reward,
+}
+
+
+def check_reward_available(name: str) -> None:
+    """Raise ``ValueError`` for an unknown name, ``ImportError`` (naming the ``pip install`` that
+    fixes it) when the reward needs a package that is not installed. Loads no weights."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}")
+    requirement = REQUIREMENTS.get(name)
+    if requirement is not None:
+        try:
+            requirement()
+        except ImportError as err:
+            raise ImportError(f"reward {name!r} needs a package that is not installed: {err}") from err
+
+
 def build_reward(name: str, **kwargs) -> RewardModel:
     """The reward registered as ``name``, built with ``kwargs``."""
     if name not in REWARDS:
@@ -47,6 +67,7 @@ def build_reward(name: str, **kwargs) -> RewardModel:
 
 
 __all__ = [
+    "REQUIREMENTS",
     "REWARDS",
     "Aesthetic",
     "Brightness",
@@ -64,4 +85,5 @@ __all__ = [
     "ShapesAnalysis",
     "ShapesReward",
     "build_reward",
+    "check_reward_available",
 ]

@@ -370,13 +370,19 @@ class MultiReward(RewardModel):
         self.uses_prompt = any(r.uses_prompt for r in rewards.values())
         self.freeze()
 
-    def score(self, images: Tensor, prompts: Sequence[str]) -> RewardScores:
-        """Aggregate [B] and the raw component scores [B] of every reward."""
+    def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
+        """Aggregate [B] and the raw component scores [B] of every reward.
+
+        ``check=False`` lets NaN / inf scores through instead of raising (the inputs are still
+        validated): a caller that drops the affected prompts itself (the module's ``skip`` fault
+        policy). Normalisation is per prompt, so a non-finite score spoils only its own prompt.
+        """
         check_inputs(images, prompts, self.name)
         components: dict[str, Tensor] = {}
         for key, reward in self.rewards.items():
             s = reward.raw_scores(images, prompts)  # [B]; the inputs were validated once, above
-            check_finite(s, f"{self.name}/{key}", prompts)
+            if check:
+                check_finite(s, f"{self.name}/{key}", prompts)
             components[key] = s
         cols = torch.stack(list(components.values()), dim=1)  # [B, K]
         w = torch.tensor(list(self.weights.values()), dtype=cols.dtype, device=cols.device)  # [K]
@@ -385,11 +391,13 @@ class MultiReward(RewardModel):
                 cols, unique_prompts(prompts)[1].to(cols.device), self.eps
             )  # [B, K]
         total = cols @ w  # [B]
-        check_finite(total, self.name, prompts)
+        if check:
+            check_finite(total, self.name, prompts)
         return RewardScores(total, components)
 
     def raw_scores(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
-        return self.score(images, prompts).total
+        """The aggregate [B] without the finiteness checks, like ``RewardModel.raw_scores``."""
+        return self.score(images, prompts, check=False).total
 
     def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
         """The aggregate [B]; use :meth:`score` for the components too."""

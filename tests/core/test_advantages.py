@@ -451,6 +451,17 @@ def test_equal_rewards_per_prompt_give_exact_zeros(method):
         assert torch.equal(out, torch.zeros(tree.num_edges)), out.abs().max()
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_equal_float64_rewards_give_exact_zeros_despite_rounding(method):
+    # 27 leaves of 0.7 in float64: their computed mean is 0.7 + 2.2e-16, which / (std 0 + eps)
+    # gave 2.2e-8 instead of 0 before all-equal groups were special-cased
+    spec = TreeSpec(6, branch_steps=(0, 1, 2), branching=3)
+    tree = _grow(spec, 2, torch.Generator().manual_seed(2))
+    rewards = torch.tensor([0.7, 2.2], dtype=torch.float64)[tree.leaf_prompt]  # [L]
+    out = tree_advantages(*_tree_args(tree, rewards), method=method, edge_old_log_prob=tree.edge_old_log_prob)
+    assert torch.equal(out, torch.zeros(tree.num_edges)), out.abs().max()
+
+
 @pytest.mark.parametrize("method", ["mean", "logprob_softmax", "branch_fusion"])
 def test_flat_tree_is_flat_grpo(method):
     # G chains per prompt, every step but the last stochastic: each edge carries its trajectory's

@@ -295,3 +295,63 @@ def test_gradient_checkpointing_gives_the_same_gradients(name: str) -> None:
         out.log_prob.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in adapter.trainable_parameters()]))
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- long prompts
+LONG = "a very detailed photograph of " + "a small red fox " * 8  # > 77 byte-level CLIP tokens
+
+
+@pytest.mark.parametrize("name", ["sd15", "sd3"])
+def test_prompts_over_the_clip_limit_are_warned_once_with_the_count(name: str, caplog) -> None:
+    import warnings
+
+    from lit_treegrpo.models.base import PromptTruncationWarning
+
+    adapter, _ = make(name, max_sequence_length=512) if name == "sd3" else make(name)
+    prompts = ["a red fox"] * 5 + [LONG] * 3
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        adapter.encode_prompts(prompts)
+        adapter.encode_prompts(prompts)  # the same again: no second warning
+    messages = [str(w.message) for w in seen if issubclass(w.category, PromptTruncationWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("3 of 8 prompts exceed the CLIP text encoder's 77 tokens and were truncated")
+    assert adapter.truncation.truncated == {"CLIP": 6, **({"T5": 0} if name == "sd3" else {})}
+    assert adapter.truncation.seen["CLIP"] == 16
+    # the libraries' own per-call lines are replaced by the one warning
+    assert not [r for r in caplog.records if "truncated" in r.getMessage() or "Token indices" in r.getMessage()]
+
+
+def test_prompts_over_t5_max_sequence_length_are_warned_once_per_encoder() -> None:
+    import warnings
+
+    from lit_treegrpo.models.base import PromptTruncationWarning
+
+    adapter, _ = make("sd3", max_sequence_length=16)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        adapter.encode_prompts(["a red fox", "a blue bird in a green tree"])  # 10 and 28 T5 tokens
+        adapter.encode_prompts([LONG])
+    messages = [str(w.message) for w in seen if issubclass(w.category, PromptTruncationWarning)]
+    assert len(messages) == 2, messages  # T5 on the first call, CLIP on the second
+    assert messages[0].startswith("1 of 2 prompts exceed the T5 text encoder's 16 tokens")
+    assert messages[1].startswith("1 of 1 prompts exceed the CLIP text encoder's 77 tokens")
+    assert adapter.truncation.truncated == {"CLIP": 1, "T5": 2}
+
+
+def test_truncation_warner_takes_any_tokenizer_callable() -> None:
+    import warnings
+
+    from lit_treegrpo.models.base import PromptTruncationWarning, TruncationWarner
+
+    warner = TruncationWarner()
+    words = lambda prompts: [p.split() for p in prompts]  # noqa: E731  one "token" per word
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert warner(words, ["a b c", "a b"], 2, "toy") == 1
+        assert warner(words, ["a b c d"], 2, "toy") == 1
+    messages = [str(w.message) for w in seen if issubclass(w.category, PromptTruncationWarning)]
+    assert len(messages) == 1 and messages[0].startswith("1 of 2 prompts exceed the toy text encoder's 2 tokens")
+    assert warner.truncated == {"toy": 2} and warner.seen == {"toy": 3}
+    with pytest.raises(ValueError, match="max_length must be >= 1"):
+        warner(words, ["a"], 0, "toy")

@@ -112,6 +112,19 @@ def test_nan_component_is_named() -> None:
         multi(pixel_images([1.0, 2.0, 3.0], [0, 0, 0]), ["first", "second", "third"])
 
 
+def test_unchecked_multi_reward_spoils_only_the_prompt_of_the_nan() -> None:
+    # the module's skip policy scores with check=False and drops the prompts with NaN itself
+    multi = MultiReward({"good": PixelReward(0), "hps_like": NanAt([1])})
+    images, prompts = pixel_images([1.0, 2.0, 3.0, 5.0], [0, 0, 0, 0]), ["p", "p", "q", "q"]
+    scores = multi.score(images, prompts, check=False)
+    assert scores.total[:2].isnan().all() and scores.components["hps_like"][1].isnan()
+    # prompt q is normalised on its own: (3, 5) -> (-1, 1) in both components, weights 1
+    torch.testing.assert_close(scores.total[2:], torch.tensor([-2.0, 2.0]), rtol=0, atol=1e-6)
+    assert multi.raw_scores(images, prompts)[:2].isnan().all()  # raw_scores checks nothing, as for any reward
+    with pytest.raises(NonFiniteRewardError):
+        multi.score(images, prompts)
+
+
 def test_nan_from_a_single_reward_names_it_and_the_prompts() -> None:
     with pytest.raises(NonFiniteRewardError, match=r"'broken'.*2 of 3.*indices \[0, 2\].*'a'.*'c'"):
         NanAt([0, 2])(pixel_images([1.0, 2.0, 3.0], [0, 0, 0]), ["a", "b", "c"])
