@@ -271,7 +271,7 @@ class ShapesPretrainModule(pl.LightningModule):
     def evaluate(self, components: dict[str, Any] | None = None) -> dict[str, float]:
         """Reward and accuracies of deterministic samples of the (EMA) model on fixed prompts."""
         adapter = ShapesAdapter(components or self.ema_components(), num_steps=self.eval_steps,
-                                guidance_scale=self.eval_guidance).to(self.device)  # fmt: skip
+                                guidance_scale=self.eval_guidance, lora=None).to(self.device)  # fmt: skip
         return evaluate_adapter(adapter, self.evaluation_prompts())
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
