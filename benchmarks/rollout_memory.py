@@ -18,34 +18,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import multiprocessing as mp
 import resource
-from pathlib import Path
 
 import torch
+
+from _measure import peak_rss_mb, reset_peak_rss, rss_mb
 
 LEAVES = {8: 2, 27: 3, 64: 4}  # leaves per prompt -> branching k at three splits (k^3 leaves)
 NUM_STEPS = 10
 PROMPTS = ["a red circle", "a blue square", "a green triangle", "a yellow star", "a white moon", "a black cat"]
-
-
-def _status_kb(field: str) -> int | None:
-    status = Path("/proc/self/status")
-    if not status.is_file():
-        return None
-    for line in status.read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where that is not possible."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:  # not Linux, or not allowed: the peak then covers the whole process
-        return False
-    return True
 
 
 def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, max_batch: int | None, device: str) -> dict:
@@ -71,17 +54,17 @@ def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, 
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
     else:
-        reset = _reset_peak_rss()
-        start_kb = _status_kb("VmRSS")
+        reset = reset_peak_rss()
+        start_mb = rss_mb()
     tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak_kb = _status_kb("VmHWM") if reset else None
-        if peak_kb is None:  # no /proc: ru_maxrss, the peak of the whole process (KiB on Linux)
-            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak, start = peak_kb * 1024, (start_kb or 0) * 1024
+        peak_mb = peak_rss_mb() if reset else math.nan
+        if math.isnan(peak_mb):  # no /proc: ru_maxrss, the peak of the whole process (KiB on Linux)
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+        peak, start = peak_mb * 1e6, (0.0 if math.isnan(start_mb) else start_mb * 1e6)
     return {
         "leaves": tree.num_leaves // P,
         "max_batch": spec.max_batch,

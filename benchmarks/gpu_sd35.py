@@ -1,0 +1,197 @@
+"""Per-iteration cost of TreeGRPO vs flat GRPO on an SD3.5-Medium-shaped transformer, on a GPU.
+
+No download: the transformer is diffusers' ``SD3Transformer2DModel`` built from SD3.5 Medium's
+published configuration (24 MMDiT blocks of width 1536, dual attention in blocks 0-12, RMS QK-norm,
+2.5B parameters) with random weights, in bf16. Text encoders are left out: each prompt gets fixed
+random embeddings of the real shapes (333 tokens x 4096, pooled 2048), since the denoiser is what
+a GRPO iteration spends its time on. Rewards are random (every method pays the reward model
+equally per leaf). CFG doubles every forward (guidance 4.5), 512 px images (64x64x16 latents),
+a rank-32 LoRA trains (configs/sd35.yaml) with gradient checkpointing.
+
+One *iteration* = rollout (no grad) + recomputing the trained edges' log-probs with grad in
+micro-batches + backward + one optimizer step. Methods (per prompt):
+
+- ``treegrpo``: k=3 on steps 0-2 of 10 (27 leaves, 202 NFE, 13 training forwards);
+- ``dancegrpo_g12``: 12 SDE chains (DanceGRPO's group), 60% of the 9 SDE steps trained;
+- ``dancegrpo_g27``: 27 SDE chains (matched leaves), 60% of the steps trained;
+- ``mixgrpo_g12``: 12 chains with an SDE window of 4 steps.
+
+Prints absolute seconds per iteration (rollout, training, total) and ratios to dancegrpo_g12 and to
+the matched dancegrpo_g27. ``--tiny --device cpu`` runs the same code path on a tiny transformer
+(what the test suite does).
+
+    python benchmarks/gpu_sd35.py [--prompts 1] [--repeats 2] [--resolution 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+import zlib
+
+import torch
+from torch import Tensor
+
+from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout, source_minibatches, tree_advantages
+from lit_treegrpo.models.base import Cond
+from lit_treegrpo.models.flow import FlowMatchingAdapter
+from lit_treegrpo.models.lora import SD3_LORA_TARGETS, LoraSettings
+from lit_treegrpo.models.sd3 import sd3_transformer_forward
+
+SD35_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium, transformer/config.json
+    sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
+    num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
+    pos_embed_max_size=384, qk_norm="rms_norm", dual_attention_layers=tuple(range(13)),
+)  # fmt: skip
+TINY = dict(
+    sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
+    num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
+    pos_embed_max_size=16, qk_norm="rms_norm", dual_attention_layers=(0,),
+)  # fmt: skip
+TEXT_TOKENS = 77 + 256  # CLIP + T5 tokens of the SD3 pipeline
+
+
+class RandomSD3Adapter(FlowMatchingAdapter):
+    """An SD3-shaped policy with random weights and random per-prompt text embeddings."""
+
+    lora_layers_arg = "transformer"
+
+    def __init__(self, config: dict, *, dtype: torch.dtype, resolution: int, num_steps: int = 10,
+                 guidance_scale: float = 4.5, noise_level: float = 0.7, dynamics: str = "flow_sde",
+                 lora_rank: int = 32, gradient_checkpointing: bool = True, text_tokens: int = TEXT_TOKENS) -> None:  # fmt: skip
+        from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+
+        super().__init__(num_steps=num_steps, guidance_scale=guidance_scale, negative_prompt="",
+                         lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank), decode_batch_size=1,
+                         gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        self._init_flow(noise_level, dynamics)
+        torch.manual_seed(0)
+        self.denoiser = SD3Transformer2DModel(**config).to(dtype)
+        self.text_tokens = text_tokens
+        self.latent_side = resolution // 8
+        self._set_schedule(FlowMatchEulerDiscreteScheduler(shift=3.0))
+        self._setup_training(SD3_LORA_TARGETS)
+
+    def _embed(self, text: str, device: torch.device) -> tuple[Tensor, Tensor]:
+        gen = torch.Generator().manual_seed(zlib.crc32(text.encode()))
+        c = self.denoiser.config
+        tokens = torch.randn(self.text_tokens, c.joint_attention_dim, generator=gen)  # [L, D]
+        pooled = torch.randn(c.pooled_projection_dim, generator=gen)  # [D']
+        return tokens.to(device, self.dtype), pooled.to(device, self.dtype)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        text, pooled = zip(*(self._embed(p, self.device) for p in prompts))
+        cond = {"prompt_embeds": torch.stack(text), "pooled_prompt_embeds": torch.stack(pooled)}
+        if self.do_cfg:
+            neg_text, neg_pooled = self._embed("", self.device)
+            cond["negative_prompt_embeds"] = neg_text.expand(len(prompts), -1, -1)
+            cond["negative_pooled_prompt_embeds"] = neg_pooled.expand(len(prompts), -1)
+        return cond
+
+    def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
+        return sd3_transformer_forward(self.denoiser, x, t, cond, negative=negative, dtype=self.dtype)
+
+    def initial_noise(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        return self._draw_noise((n, self.denoiser.config.in_channels, self.latent_side, self.latent_side), generator)
+
+    def decode(self, latents: Tensor) -> Tensor:
+        raise NotImplementedError("the benchmark scores random rewards; nothing is decoded")
+
+
+def specs(max_batch: int) -> dict[str, tuple[TreeSpec, float]]:
+    """name -> (tree, fraction of the stochastic steps trained)."""
+    sde = tuple(range(9))
+    return {
+        "treegrpo": (TreeSpec(10, branch_steps=(0, 1, 2), branching=3, max_batch=max_batch), 1.0),
+        "dancegrpo_g12": (TreeSpec(10, sde_steps=sde, num_trees=12, max_batch=max_batch), 0.6),
+        "dancegrpo_g27": (TreeSpec(10, sde_steps=sde, num_trees=27, max_batch=max_batch), 0.6),
+        "mixgrpo_g12": (TreeSpec(10, sde_steps=(0, 1, 2, 3), num_trees=12, max_batch=max_batch), 1.0),
+    }
+
+
+def iteration(adapter: RandomSD3Adapter, spec: TreeSpec, fraction: float, prompts: list[str],
+              optimizer: torch.optim.Optimizer, train_batch: int, seed: int) -> tuple[float, float, int, int]:  # fmt: skip
+    """One timed GRPO iteration: (rollout s, training s, NFE, training forwards)."""
+    device = adapter.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    gens = [torch.Generator(device).manual_seed(seed * 1000 + i) for i in range(len(prompts))]
+    cond = adapter.encode_prompts(prompts)
+    noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in gens])
+    sync()
+    start = time.perf_counter()
+    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens)
+    sync()
+    rolled = time.perf_counter()
+    rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(seed)).to(device)
+    adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
+    stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
+    chosen = torch.randperm(len(stochastic), generator=torch.Generator().manual_seed(seed))
+    trained = torch.tensor([stochastic[i] for i in chosen[: math.ceil(fraction * len(stochastic) - 1e-9)]], device=device)
+    keep = torch.isin(tree.edge_step, trained)
+    sources = int(torch.unique(tree.edge_source[keep]).numel())
+    chunks = max(1, -(-sources // train_batch))
+    loss_fn = ClippedPolicyLoss()
+    for edges in source_minibatches(tree, keep, num_batches=chunks, generator=torch.Generator().manual_seed(seed)):
+        if edges.numel() == 0:
+            continue
+        new = recompute_log_probs(adapter.predict, adapter.step, tree, edges, cond)
+        out = loss_fn(new.step.log_prob, tree.edge_old_log_prob[edges], adv[edges], group=new.group)
+        (out.loss / chunks).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sync()
+    return rolled - start, time.perf_counter() - rolled, tree.nfe, sources
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", help="cuda (the benchmark's purpose) or cpu (with --tiny)")
+    p.add_argument("--tiny", action="store_true", help="a tiny transformer instead of SD3.5 Medium's shape")
+    p.add_argument("--prompts", type=int, default=1, help="prompts per iteration")
+    p.add_argument("--repeats", type=int, default=2, help="timed iterations per method (median), after one warm-up")
+    p.add_argument("--resolution", type=int, default=512, help="image side in pixels (latents are 1/8)")
+    p.add_argument("--max-batch", type=int, default=64, help="nodes per rollout model call (x2 rows with CFG)")
+    p.add_argument("--train-batch", type=int, default=16, help="sources per training micro-batch")
+    p.add_argument("--methods", nargs="+", default=None, help="subset of " + ", ".join(specs(1)))
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda: no GPU is visible; run on a GPU machine, or pass --tiny --device cpu for a smoke run")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = TINY if args.tiny else SD35_MEDIUM
+    resolution = config["sample_size"] * 8 if args.tiny else args.resolution
+    adapter = RandomSD3Adapter(config, dtype=dtype, resolution=resolution,
+                               lora_rank=4 if args.tiny else 32).to(device)  # fmt: skip
+    optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
+    prompts = [f"prompt {i}" for i in range(args.prompts)]
+    params = sum(p.numel() for p in adapter.denoiser.parameters()) / 1e9
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
+          f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}\n")  # fmt: skip
+    chosen = {k: v for k, v in specs(args.max_batch).items() if args.methods is None or k in args.methods}
+    results: dict[str, dict[str, float]] = {}
+    for method, (spec, fraction) in chosen.items():
+        iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0)  # warm-up
+        runs = [iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1)
+                for r in range(args.repeats)]  # fmt: skip
+        roll, train = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        results[method] = {"rollout_s": roll, "train_s": train, "total_s": roll + train,
+                           "leaves": spec.num_leaves, "nfe": runs[0][2], "train_forwards": runs[0][3]}  # fmt: skip
+        print(f"{method}: {roll + train:.2f} s / iteration", flush=True)
+    print("\n| method | leaves / prompt | NFE | training forwards | rollout s | training s | iteration s "
+          "| speed-up vs dancegrpo_g12 | speed-up vs dancegrpo_g27 (matched leaves) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for method, r in results.items():
+        ratios = []
+        for ref in ("dancegrpo_g12", "dancegrpo_g27"):
+            ratios.append(f"{results[ref]['total_s'] / r['total_s']:.2f}x" if ref in results else "—")
+        print(f"| {method} | {r['leaves']} | {r['nfe']} | {r['train_forwards']} | {r['rollout_s']:.2f} | "
+              f"{r['train_s']:.2f} | {r['total_s']:.2f} | {ratios[0]} | {ratios[1]} |")  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    main()
