@@ -286,8 +286,9 @@ class ShapesAdapter(FlowMatchingAdapter):
             return
         from lightning.pytorch.utilities import rank_zero_warn
 
-        known = set(vocabulary())
-        unknown = sorted({w for p in prompts for w in p.lower().split() if w not in known})
+        known = self.tokenizer.get_vocab()
+        split = self.tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str  # the tokenizer's own words
+        unknown = sorted({w for p in prompts for w, _ in split(p.lower()) if w not in known})
         if unknown:
             self._unknown_warned = True
             rank_zero_warn(

@@ -62,13 +62,73 @@ class SceneStream(IterableDataset):
         start_index: int = 0,
     ) -> None:
         self.image_size = image_size
-        self.stream = SceneStream(image_size, batch_size, seed, caption_dropout, size_word_prob, position_word_prob)
-        self.batch_size, self.seed, self.image_size = batch_size, seed, image_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.caption_dropout = caption_dropout
+        self.size_word_prob = size_word_prob
+        self.position_word_prob = position_word_prob
+        self.start_index = start_index
+
+    def batch(self, k: int) -> SceneBatch:
+        gen = torch.Generator().manual_seed((self.seed * _MIX + k) % 2**63)
+        scenes = world.sample_scenes(
+            self.batch_size,
+            self.image_size,
+            gen,
+            size_word_prob=self.size_word_prob,
+            position_word_prob=self.position_word_prob,
+        )
+        drop = (torch.rand(self.batch_size, generator=gen) < self.caption_dropout).tolist()
+        prompts = ["" if d else p for d, p in zip(drop, scenes.prompts)]
+        return SceneBatch(world.render(scenes, self.image_size) * 2 - 1, prompts, k)
+
+    def __iter__(self) -> Iterator[SceneBatch]:
+        k = self.start_index
+        while True:
+            yield self.batch(k)
+            k += 1
+
+
+class ShapesDataModule(pl.LightningDataModule):
+    """Procedural Shapes-world scenes for pre-training (nothing on disk).
+
+    Args:
+        batch_size: scenes per training step.
+        seed: seed of the scene stream (batch k is a pure function of seed and k).
+        caption_dropout: fraction of captions replaced by "" (unconditional, for CFG).
+        size_word_prob: probability that a caption names a small / large size.
+        position_word_prob: probability that a caption names a position the shape satisfies.
+        image_size: side of the images in pixels (must match the model's).
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 128,
+        seed: int = 0,
+        caption_dropout: float = 0.1,
+        size_word_prob: float = 0.5,
+        position_word_prob: float = 0.5,
+        image_size: int = 16,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"--data.batch_size must be >= 1, got {batch_size}")
+        for name, p in (("caption_dropout", caption_dropout), ("size_word_prob", size_word_prob),
+                        ("position_word_prob", position_word_prob)):  # fmt: skip
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"--data.{name} must be in [0, 1], got {p}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.caption_dropout = caption_dropout
+        self.size_word_prob = size_word_prob
+        self.position_word_prob = position_word_prob
+        self.image_size = image_size
 
     def train_dataloader(self) -> DataLoader:
-        # a resumed run continues the stream where the restored step counter is
-        self.stream.start_index = self.trainer.global_step if self.trainer is not None else 0
-        return DataLoader(self.stream, batch_size=None, collate_fn=lambda b: b, num_workers=0)
+        start = self.trainer.global_step if self.trainer is not None else 0  # resumed runs continue
+        stream = SceneStream(self.image_size, self.batch_size, self.seed, self.caption_dropout,
+                             self.size_word_prob, self.position_word_prob, start_index=start)  # fmt: skip
+        return DataLoader(stream, batch_size=None, collate_fn=lambda b: b, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
         # one batch: the module samples its own fixed evaluation prompts and seeds
