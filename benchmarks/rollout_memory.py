@@ -82,9 +82,9 @@ def _child(queue, *args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapter", default="lit_treegrpo.models.tiny.TinySD3Adapter", help="import path of a DiffusionAdapter class")
-    parser.add_argument("--adapter_kwargs", default="{}", help="JSON keyword arguments of the adapter (num_steps is 10)")
+    parser.add_argument("--adapter-kwargs", "--adapter_kwargs", dest="adapter_kwargs", default="{}", help="JSON keyword arguments of the adapter (num_steps is 10)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per rollout")
-    parser.add_argument("--max_batch", type=int, default=16, help="nodes per model call of the chunked rows")
+    parser.add_argument("--max-batch", "--max_batch", dest="max_batch", type=int, default=16, help="nodes per model call of the chunked rows")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     kwargs = json.loads(args.adapter_kwargs)

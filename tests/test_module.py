@@ -160,8 +160,8 @@ class _NaNGradient(torch.autograd.Function):
         return grad * float("nan")
 
 
-def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
-    model = module()
+def poison_gradients(model: TreeGRPOModule) -> None:
+    """Make every backward through the model's predictions NaN (the rollout, without grad, stays finite)."""
     predict = model.adapter.predict
 
     def poisoned(x, step_index, cond):
@@ -169,6 +169,11 @@ def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
         return _NaNGradient.apply(out) if torch.is_grad_enabled() else out
 
     model.adapter.predict = poisoned
+
+
+def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
+    model = module()
+    poison_gradients(model)
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
     with pytest.raises(FloatingPointError, match="non-finite gradient at iteration 0"):
         fit(model, 2, tmp_path)
@@ -266,13 +271,7 @@ def test_skip_stops_after_max_consecutive_skips_naming_the_last_cause(tmp_path) 
 
 def test_skip_never_steps_on_a_non_finite_gradient_and_stops_after_n(tmp_path) -> None:
     model = module(faults=SKIP)
-    predict = model.adapter.predict
-
-    def poisoned(x, step_index, cond):
-        out = predict(x, step_index, cond)
-        return _NaNGradient.apply(out) if torch.is_grad_enabled() else out
-
-    model.adapter.predict = poisoned
+    poison_gradients(model)
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
     with pytest.warns(FaultWarning, match="non-finite gradient at iteration 0; optimizer step skipped"):
         with pytest.raises(FaultLimitError, match="last cause: non-finite gradient at iteration 2"):
