@@ -28,7 +28,8 @@ from _measure import peak_rss_mb, reset_peak_rss, rss_mb
 
 LEAVES = {8: 2, 27: 3, 64: 4}  # leaves per prompt -> branching k at three splits (k^3 leaves)
 NUM_STEPS = 10
-PROMPTS = ["a red circle", "a blue square", "a green triangle", "a yellow star", "a white moon", "a black cat"]
+# Shapes-world prompts, so that the Shapes model knows every word (the other models do not care)
+PROMPTS = ["a red circle", "a blue square", "a green triangle", "a large yellow circle on the left", "a small white square", "a magenta triangle at the top"]
 
 
 def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, max_batch: int | None, device: str) -> dict:
