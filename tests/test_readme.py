@@ -42,3 +42,23 @@ def test_every_row_of_what_happens_when_names_tests_that_exist() -> None:
             assert current, row
             source = (tests_dir / current).read_text()
             assert f"def {name.split('[')[0]}(" in source, f"{current}::{name} does not exist"
+
+
+def test_the_results_table_quotes_the_committed_benchmark_outputs() -> None:
+    """README "Results": each method's time per iteration, speed-up and end reward are those of
+    benchmarks/results/shapes_cpu/results.json (so a rerun that changes them must update the README)."""
+    import json
+
+    saved = json.loads((README.parent / "benchmarks/results/shapes_cpu/results.json").read_text())["methods"]
+    section = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in saved:
+            rows[cells[0]] = cells
+    assert set(rows) == set(saved)
+    for name, cells in rows.items():
+        r = saved[name]
+        assert cells[1].replace("*", "").startswith(f"{r['seconds_per_iteration']['total']['mean']:.3g} "), name
+        assert cells[3] == f"{r['speedup_vs_dancegrpo']['time_per_iteration']:.3g}x", name
+        assert f"→ {r['reward_end']['mean']:.3g} " in cells[4].replace("*", "") + " ", name
