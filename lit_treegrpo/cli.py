@@ -45,6 +45,7 @@ from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
 from .data import PromptDataModule, resolve_batch_size
+from .errors import first_line
 from .module import (
     AdvantageSettings,
     FaultLimitError,
@@ -394,6 +395,5 @@ def main(args: list[str] | None = None) -> None:
     except (UserError, ValueError, FileNotFoundError, ImportError, *RUN_FAULTS) as err:
         if os.environ.get(DEBUG_ENV):
             raise
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: {message}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        print(f"error: {first_line(err)}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         sys.exit(1 if isinstance(err, RUN_FAULTS) else 2)

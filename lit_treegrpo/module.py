@@ -38,6 +38,7 @@ from .core.pruning import PruningConfig, prune
 from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
 from .core.spec import TreeSpec
 from .data import PromptBatch
+from .errors import first_line
 from .models.base import Cond, DiffusionAdapter
 from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
 from .rewards.base import check_inputs
@@ -345,7 +346,7 @@ class TreeGRPOModule(LightningModule):
         try:
             return (*self._score(images, prompts), None)
         except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
-            cause = f"the reward raised {type(err).__name__}: {_first_line(err)}"
+            cause = f"the reward raised {type(err).__name__}: {first_line(err)}"
             warnings.warn(
                 f"iteration {self.iteration}: {cause}; skipping this training step "
                 f"(faults.nonfinite=skip)",
@@ -432,13 +433,17 @@ class TreeGRPOModule(LightningModule):
 
         self.iteration += 1
         self._log_step(rewards[finite], tree, keep, advantages, stats, P, (t_rollout, t_reward, t_backup, t_train))
-        kept_leaves = ~bad[tree.leaf_prompt]  # [L]
-        return {
-            "rewards": rewards[kept_leaves].detach(),
-            "reward_components": {k: v[kept_leaves] for k, v in components.items()},
-            "leaf_prompts": [p for p, k in zip(leaf_prompts, kept_leaves.tolist()) if k],
-            "images": images[kept_leaves],
-        }
+        out = {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts,
+               "images": images}  # fmt: skip
+        if bad.any():  # the callbacks see only the prompts that trained (no copy of the images otherwise)
+            kept_leaves = ~bad[tree.leaf_prompt]  # [L]
+            out = {
+                "rewards": out["rewards"][kept_leaves],
+                "reward_components": {k: v[kept_leaves] for k, v in components.items()},
+                "leaf_prompts": [p for p, k in zip(leaf_prompts, kept_leaves.tolist()) if k],
+                "images": images[kept_leaves],
+            }
+        return out
 
     def _count_step(self, updated: bool, faulty: bool, cause: str) -> None:
         """Count a step that made no update because of a fault; stop when
@@ -810,11 +815,6 @@ def _mem_available() -> int | None:
     except ImportError:  # optional: without it (and without /proc) the guard cannot measure
         return None
     return int(psutil.virtual_memory().available)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _slug(text: str, length: int = 40) -> str:

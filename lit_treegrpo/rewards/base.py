@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_treegrpo.core.advantages import normalize_per_group
+from lit_treegrpo.errors import first_line
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -179,9 +180,8 @@ def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T]) 
     except OSError as err:
         local = Path(name_or_path).exists()
         where = "the local path exists but" if local else "not a local path, and the hub copy"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RewardLoadError(
-            f"cannot load {what} from '{name_or_path}': {where} could not be read ({first}); "
+            f"cannot load {what} from '{name_or_path}': {where} could not be read ({first_line(err)}); "
             "fetch it once with network access (it is then cached) or pass a local path"
         ) from err
 
