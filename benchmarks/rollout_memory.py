@@ -5,12 +5,12 @@ Each row runs in a fresh process. On CPU it reports the process's peak RSS durin
 (``VmHWM`` of /proc/self/status, reset through /proc/self/clear_refs right before the rollout) and
 how far that is above the RSS at its start (model and prompts loaded); on CUDA the peak of
 ``max_memory_allocated`` during the rollout and its increase. Rows come in pairs: chunked at
-``--max_batch`` nodes per model call, and unchunked (one call per denoising step, however wide the
+``--max-batch`` nodes per model call, and unchunked (one call per denoising step, however wide the
 frontier): the chunked peak stays flat as the leaves grow while the unchunked one climbs with the
 model's activations, which the estimate leaves out (it counts what the rollout keeps).
 
-    python benchmarks/rollout_memory.py [--adapter lit_treegrpo.models.tiny.TinySD3Adapter]
-        [--adapter_kwargs '{"resolution": 64}'] [--prompts 4] [--max_batch 16] [--device cpu]
+    python benchmarks/rollout_memory.py [--adapter lit_treegrpo.models.tiny.TinySD3Adapter]  # or ...shapes.ShapesAdapter
+        [--adapter-kwargs '{"resolution": 64}'] [--prompts 4] [--max-batch 16] [--device cpu]
 """
 
 from __future__ import annotations
