@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lit_treegrpo.core.pruning import PruningConfig, WidthPruning
+from lit_treegrpo.core.pruning import DepthMode, PruningConfig, WidthPruning
 
 Direction = Literal["deeper", "shallower"]
 
@@ -43,6 +43,7 @@ class _Options:
     depth_start: int
     depth_stop: int | None
     depth_direction: Direction
+    depth_mode: DepthMode
     step_fraction: float
     seed: int
 
@@ -55,23 +56,28 @@ class PruningSchedule(Callback):
     steps (iterations ``0 .. ceil(width_fraction * max_steps) - 1``), ``"none"`` afterwards; with
     ``width_fraction = 1`` it is always on and the run length is not needed.
 
-    Depth pruning: edges with depth (recorded ancestors) in ``[lo, lo + depth_window)`` train, where
+    Depth pruning: the edges with depth (recorded ancestors) in ``[lo, lo + depth_window)`` are left
+    out of training (``depth_mode="drop"``) or are the only ones trained (``"keep"``), where
     ``lo = depth_start ± depth_shift * (iteration // depth_every)`` (``+`` for ``"deeper"``, ``-``
     for ``"shallower"``), clamped so that it never passes ``depth_stop`` (for ``"shallower"`` the
-    default stop is 0). BranchGRPO: ``depth_window=4, depth_every=30, depth_shift=1``.
+    default stop is 0). BranchGRPO's code drops a window of 4 of its deepest depths and slides it
+    one depth towards the root every 30 iterations (``depth_mode="drop", depth_window=4,
+    depth_start=T-5, depth_direction="shallower", depth_every=30``, stop at the last split).
 
     Args:
         width: ``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see ``core/pruning.py``).
         width_fraction: fraction of ``trainer.max_steps`` with width pruning on, in (0, 1].
         extreme_n: best and worst leaves per prompt kept by ``extreme``.
         ratio: fraction of edges per prompt kept by ``ratio``, in (0, 1].
-        depth_window: size of the trained depth window; ``None`` trains every depth.
+        depth_window: size of the depth window; ``None`` trains every depth.
         depth_every: training steps between two moves of the window.
         depth_shift: depths the window moves each time (0 keeps it fixed).
         depth_start: first depth of the window at iteration 0.
         depth_stop: the window's first depth never moves past this depth (``None``: no limit for
             ``"deeper"``, 0 for ``"shallower"``).
         depth_direction: ``"deeper"`` (towards the leaves) or ``"shallower"`` (towards the root).
+        depth_mode: ``"drop"`` (the window's depths do not train; BranchGRPO's code) or
+            ``"keep"`` (only the window's depths train).
         step_fraction: train the edges of ``ceil(step_fraction * n)`` of the ``n`` stochastic steps
             of each iteration's tree, drawn uniformly without replacement (DanceGRPO: 0.6); 1.0
             trains every step.
@@ -90,6 +96,7 @@ class PruningSchedule(Callback):
         depth_start: int = 0,
         depth_stop: int | None = None,
         depth_direction: Direction = "deeper",
+        depth_mode: DepthMode = "drop",
         step_fraction: float = 1.0,
         seed: int = 0,
     ) -> None:
@@ -115,6 +122,8 @@ class PruningSchedule(Callback):
             raise ValueError(
                 f"PruningSchedule.depth_direction must be 'deeper' or 'shallower', got {depth_direction!r}"
             )
+        if depth_mode not in ("drop", "keep"):
+            raise ValueError(f"PruningSchedule.depth_mode must be 'drop' or 'keep', got {depth_mode!r}")
         if not 0.0 < step_fraction <= 1.0:
             raise ValueError(f"PruningSchedule.step_fraction must be in (0, 1], got {step_fraction}")
         if depth_stop is not None:
@@ -141,6 +150,7 @@ class PruningSchedule(Callback):
             depth_start=depth_start,
             depth_stop=depth_stop,
             depth_direction=depth_direction,
+            depth_mode=depth_mode,
             step_fraction=float(step_fraction),
             seed=seed,
         )
@@ -199,6 +209,7 @@ class PruningSchedule(Callback):
             extreme_n=o.extreme_n,
             ratio=o.ratio,
             depth_window=window,
+            depth_mode=o.depth_mode,
             steps=self.steps_at(iteration, stochastic_steps),
         )
 

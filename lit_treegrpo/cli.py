@@ -240,6 +240,7 @@ def check_config(config: Any) -> None:
             inner_epochs=model["inner_epochs"],
             grad_clip=model["grad_clip"],
             val_samples=model["val_samples"],
+            edges_per_update=model["edges_per_update"],
             adapter_num_steps=adapter_args.get("num_steps"),
             prefix="--model.",
         )

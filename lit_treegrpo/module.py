@@ -19,6 +19,7 @@ Before the first rollout, :class:`MemoryGuard` refuses a tree that cannot fit in
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 import zlib
@@ -31,7 +32,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from .core.advantages import METHODS, AdvantageMethod, tree_advantages
+from .core.advantages import METHODS, AdvantageMethod, StdScope, tree_advantages
 from .core.loss import ClippedPolicyLoss
 from .core.memory import cond_row_bytes, format_bytes, rollout_memory
 from .core.pruning import PruningConfig, prune
@@ -40,6 +41,7 @@ from .core.spec import TreeSpec
 from .data import PromptBatch
 from .errors import first_line
 from .models.base import Cond, DiffusionAdapter
+from .models.flow import FlowMatchingAdapter
 from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
 from .rewards.base import check_inputs
 
@@ -64,10 +66,21 @@ class AdvantageSettings:
     """Path-probability temperature of ``branch_fusion`` (0: uniform mean of leaf rewards)."""
     clip: float | None = None
     """Clamp advantages to ``[-clip, clip]`` before pruning (the loss clamps again at adv_clip)."""
+    std_scope: StdScope = "group"
+    """Std of the leaf normalisation: ``group`` (per prompt: TreeGRPO, DanceGRPO) or ``global``
+    (over all leaves of this process's batch, the mean still per prompt: Flow-GRPO's
+    ``global_std``). Not for ``branch_fusion``."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.std_scope not in ("group", "global"):
+            raise ValueError(f"advantage.std_scope must be 'group' or 'global', got {self.std_scope!r}")
+        if self.std_scope == "global" and self.method == "branch_fusion":
+            raise ValueError(
+                "advantage.std_scope global does not apply to branch_fusion, which normalises per "
+                "depth; use std_scope group"
+            )
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
 
@@ -137,6 +150,7 @@ def check_settings(
     inner_epochs: int,
     grad_clip: float | None,
     val_samples: int = 1,
+    edges_per_update: int | None = None,
     adapter_num_steps: int | None = None,
     prefix: str = "",
 ) -> None:
@@ -157,6 +171,14 @@ def check_settings(
             raise ValueError(f"{prefix}{name} must be >= 1, got {value}")
     if grad_clip is not None and grad_clip <= 0:
         raise ValueError(f"{prefix}grad_clip must be > 0 or null, got {grad_clip}")
+    if edges_per_update is not None:
+        if edges_per_update < 1:
+            raise ValueError(f"{prefix}edges_per_update must be >= 1 or null, got {edges_per_update}")
+        if minibatches != 1:
+            raise ValueError(
+                f"{prefix}edges_per_update={edges_per_update} sets the number of optimizer steps from "
+                f"the kept edges, so minibatches={minibatches} would be ignored; keep minibatches 1"
+            )
 
 
 def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
@@ -197,6 +219,10 @@ class TreeGRPOModule(LightningModule):
         lr_scheduler: optional LR scheduler, stepped once per training step.
         minibatches: optimizer steps per inner epoch: the kept edges are shuffled into this many
             minibatches of whole parents (one forward per parent serves all its children).
+            DanceGRPO's recipe takes 3 per rollout, Flow-GRPO's and TreeGRPO's 2.
+        edges_per_update: instead of a fixed ``minibatches``, one optimizer step per this many
+            kept edges (``ceil(kept / edges_per_update)`` steps, counted over all data-parallel
+            ranks; BranchGRPO's code steps every 12 edges); null uses ``minibatches``.
         accumulate: micro-batches per optimizer step (gradient accumulation; the kept edges are
             split into ``minibatches * accumulate`` micro-batches).
         inner_epochs: passes over the kept edges per rollout (PPO epochs; 1 in TreeGRPO).
@@ -223,6 +249,7 @@ class TreeGRPOModule(LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         minibatches: int = 1,
+        edges_per_update: int | None = None,
         accumulate: int = 1,
         inner_epochs: int = 1,
         grad_clip: float | None = 1.0,
@@ -242,6 +269,7 @@ class TreeGRPOModule(LightningModule):
             inner_epochs=inner_epochs,
             grad_clip=grad_clip,
             val_samples=val_samples,
+            edges_per_update=edges_per_update,
             adapter_num_steps=adapter.num_steps,
         )
         self.adapter = adapter
@@ -251,10 +279,16 @@ class TreeGRPOModule(LightningModule):
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
         if self.loss_fn.kl_beta > 0 and adapter.lora is None:
             raise ValueError("loss.kl_beta > 0 needs the adapter's lora (the reference is LoRA disabled)")
+        if self.loss_fn.kl_beta > 0 and self.loss_fn.kl_form == "flow_grpo" and not isinstance(adapter, FlowMatchingAdapter):
+            raise ValueError(
+                f"loss.kl_form flow_grpo needs a flow-matching adapter (its step size |dt|); "
+                f"{type(adapter).__name__} is not one: use kl_form exact"
+            )
         self.pruning = pruning
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.minibatches = minibatches
+        self.edges_per_update = edges_per_update
         self.accumulate = accumulate
         self.inner_epochs = inner_epochs
         self.grad_clip = grad_clip
@@ -398,6 +432,7 @@ class TreeGRPOModule(LightningModule):
             edge_old_log_prob=tree.edge_old_log_prob,
             beta=self.advantage.beta,
             clip=self.advantage.clip,
+            std_scope=self.advantage.std_scope,
         )
         keep = prune(tree, advantages, self.pruning) & ~bad[tree.edge_prompt]  # [E]
         t_backup = timer.lap()
@@ -533,8 +568,9 @@ class TreeGRPOModule(LightningModule):
         updates = 0
         cause = None
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
+        num_updates = self._updates_per_epoch(keep)
         for _ in range(self.inner_epochs):
-            batches = source_minibatches(tree, keep, num_batches=self.minibatches * self.accumulate, generator=shuffle)
+            batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
                 with optimizer.toggle_model(sync_grad=last):
@@ -579,6 +615,15 @@ class TreeGRPOModule(LightningModule):
         stats["cause"] = cause
         return stats
 
+    def _updates_per_epoch(self, keep: Tensor) -> int:
+        """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
+        ``edges_per_update`` kept edges (the same count on every rank)."""
+        if self.edges_per_update is None:
+            return self.minibatches
+        (kept,) = self._sum_over_ranks([int(keep.sum())])
+        per_rank = kept / max(self.trainer.world_size, 1)
+        return max(1, math.ceil(per_rank / self.edges_per_update))
+
     def _edge_loss(
         self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
     ) -> tuple[Tensor, dict[str, Tensor], int]:
@@ -589,9 +634,12 @@ class TreeGRPOModule(LightningModule):
             return zero, {k: torch.zeros((), device=zero.device) for k in _LOSS_STATS}, 0
         new = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
         ref_mean = None
+        forwards = new.num_forwards
         if self.loss_fn.kl_beta > 0:
             with torch.no_grad(), self.adapter.reference():
-                ref_mean = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond).step.mean
+                ref = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
+            ref_mean = ref.step.mean
+            forwards += ref.num_forwards  # the reference's forwards are model evaluations too
         out = self.loss_fn(
             new.step.log_prob,
             tree.edge_old_log_prob[edges],
@@ -600,9 +648,17 @@ class TreeGRPOModule(LightningModule):
             mean=new.step.mean,
             ref_mean=ref_mean,
             std=new.step.std,
+            step_size=self._kl_step_size(tree.edge_step[edges]),
         )
         stats = {k: getattr(out, k).detach() for k in _LOSS_STATS}
-        return out.loss, stats, new.num_forwards
+        return out.loss, stats, forwards
+
+    def _kl_step_size(self, step_index: Tensor) -> Tensor | None:
+        """[B] |dt| of each edge's step, which only Flow-GRPO's KL form uses."""
+        if self.loss_fn.kl_beta == 0 or self.loss_fn.kl_form != "flow_grpo":
+            return None
+        assert isinstance(self.adapter, FlowMatchingAdapter)  # checked in __init__
+        return self.adapter.step_size(step_index)
 
     def _grads_finite(self) -> bool:
         """Whether every local gradient is finite (one device sync for all parameters)."""
@@ -745,7 +801,8 @@ class TreeGRPOModule(LightningModule):
                     f"the checkpoint's {key} differs from this run's configuration; resume with the "
                     f"configuration it was trained with"
                 )
-        if saved["fingerprint"]["tree"] != mine["tree"]:
+        # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default
+        if asdict(TreeSpec.from_dict(saved["fingerprint"]["tree"])) != mine["tree"]:
             raise ValueError(
                 f"the checkpoint was trained with tree {saved['fingerprint']['tree']}, this run has "
                 f"{mine['tree']}; resume with the same --model.tree"

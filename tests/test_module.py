@@ -65,6 +65,33 @@ def test_optimizer_steps_per_iteration_and_scheduler(tmp_path) -> None:
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(2.5e-4)
 
 
+def test_edges_per_update_sets_the_optimizer_steps_from_the_kept_edges(tmp_path) -> None:
+    # SPEC: 2 + 4 = 6 edges per prompt, 2 prompts -> 12 edges; one step per 5 edges -> ceil(12 / 5) = 3
+    model = module(edges_per_update=5)
+    steps = []
+    model.optimizer_factory = lambda params: _Counting(params, steps)
+    trainer = fit(model, 6, tmp_path)
+    assert model.iteration == 2 and trainer.global_step == 6 and len(steps) == 6
+    with pytest.raises(ValueError, match="edges_per_update=5 sets the number of optimizer steps"):
+        module(edges_per_update=5, minibatches=2)
+    with pytest.raises(ValueError, match="edges_per_update must be >= 1"):
+        module(edges_per_update=0)
+
+
+def test_flow_grpo_kl_trains_on_a_flow_adapter_and_is_refused_elsewhere(tmp_path) -> None:
+    from lit_treegrpo.models.tiny import TinySD15Adapter
+
+    model = module(loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo"), advantage=AdvantageSettings(std_scope="global"))
+    trainer = fit(model, 2, tmp_path)
+    assert torch.isfinite(trainer.callback_metrics["train/kl"])
+    # |dt| of each step is the sigma table's difference
+    sig = model.adapter.sigmas()
+    torch.testing.assert_close(model.adapter.step_size(torch.tensor([0, 2])), sig[[0, 2]] - sig[[1, 3]])
+    with pytest.raises(ValueError, match="kl_form flow_grpo needs a flow-matching adapter"):
+        TreeGRPOModule(TinySD15Adapter(num_steps=T), Brightness(), SPEC,
+                       loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo"))  # fmt: skip
+
+
 class _Counting(torch.optim.SGD):
     def __init__(self, params, log: list) -> None:
         super().__init__(params, lr=1e-3)
@@ -141,6 +168,10 @@ def test_bad_advantage_settings_are_named() -> None:
         AdvantageSettings(method="median")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="advantage.clip"):
         AdvantageSettings(clip=0.0)
+    with pytest.raises(ValueError, match="advantage.std_scope must be 'group' or 'global'"):
+        AdvantageSettings(std_scope="batch")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="advantage.std_scope global does not apply to branch_fusion"):
+        AdvantageSettings(method="branch_fusion", std_scope="global")
 
 
 def test_multi_reward_logs_components(tmp_path) -> None:

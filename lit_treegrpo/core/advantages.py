@@ -6,7 +6,9 @@ pairs*, one per edge on each leaf's root-to-leaf path, and every estimator is a 
 reductions over those pairs (or, for the softmax backup, one pass per depth level).
 
 Leaf normalisation (all methods but ``branch_fusion``): per prompt over all of its leaves,
-``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO, Flow-GRPO). With several reward
+``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO, DanceGRPO); with
+``std_scope="global"`` the mean is still the prompt's but the std is taken over every leaf of the
+batch (Flow-GRPO's ``global_std=True``). With several reward
 columns each column is normalised per prompt first and the weighted sum is normalised again
 (TreeGRPO's ``r = sum_k w_k (R_k - mu_k) / sigma_k``).
 
@@ -35,6 +37,7 @@ import torch
 from torch import Tensor
 
 AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
+StdScope = Literal["group", "global"]
 METHODS: tuple[str, ...] = ("mean", "logprob_softmax", "branch_fusion", "parent_relative")
 _DEPTH_STD_FLOOR = 1e-6  # BranchGRPO: a depth group with smaller spread carries no signal
 
@@ -53,8 +56,11 @@ def _segment_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
     return e / _segment_sum(e, index, size)[index]  # [N]
 
 
-def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8) -> Tensor:
+def normalize_per_group(
+    values: Tensor, group: Tensor, eps: float = 1e-8, std_scope: StdScope = "group"
+) -> Tensor:
     """``(v - mean) / (std + eps)`` within each group, population std; columns independently.
+    ``std_scope="global"``: the std of all ``values`` (per column) instead of the group's.
 
     A group whose values are all equal gets exactly 0 (it carries no signal): its computed mean
     can differ from the values in the last bit (``3 * 0.1 / 3 != 0.1``), which ``/ (0 + eps)``
@@ -72,7 +78,11 @@ def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8) -> Ten
     hi = v.new_full((G, *v.shape[1:]), float("-inf")).scatter_reduce(0, index, v, reduce="amax")
     lo = v.new_full((G, *v.shape[1:]), float("inf")).scatter_reduce(0, index, v, reduce="amin")
     constant = (hi == lo)[g]  # [L, (K)]
-    a = (v - mean[g]) / (var.sqrt()[g] + eps)  # [L, (K)]
+    if std_scope == "global":
+        std = v.std(dim=0, unbiased=False).expand_as(v)  # [L, (K)] one std per column
+    else:
+        std = var.sqrt()[g]  # [L, (K)]
+    a = (v - mean[g]) / (std + eps)  # [L, (K)]
     return torch.where(constant, torch.zeros_like(a), a).to(values.dtype)
 
 
@@ -138,6 +148,7 @@ def tree_advantages(
     eps: float = 1e-8,
     reward_weights: Tensor | None = None,
     clip: float | None = None,
+    std_scope: StdScope = "group",
 ) -> Tensor:
     """Per-edge advantages from leaf rewards; see the module docstring for the methods.
 
@@ -153,6 +164,8 @@ def tree_advantages(
         eps: added to standard deviations.
         reward_weights: [K] weights of the reward columns (default all ones).
         clip: clamp advantages to ``[-clip, clip]`` (BranchGRPO clips at 5); ``None`` leaves them.
+        std_scope: ``"group"`` (per prompt) or ``"global"`` (over all leaves: Flow-GRPO) std in the
+            leaf normalisation; ``branch_fusion`` normalises per depth and takes ``"group"`` only.
 
     Returns:
         [E] float32 advantages, in edge order.
@@ -176,6 +189,10 @@ def tree_advantages(
             f"non-finite rewards for {leaves.numel()} of {L} leaves (leaves "
             f"{leaves[:8].tolist()}, prompts {sorted(set(leaf_prompt[leaves].tolist()))[:8]})"
         )
+    if std_scope not in ("group", "global"):
+        raise ValueError(f"advantage std_scope must be 'group' or 'global', got {std_scope!r}")
+    if std_scope == "global" and method == "branch_fusion":
+        raise ValueError("advantage std_scope 'global' does not apply to branch_fusion (depth-wise normalisation)")
     needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)
     if needs_lp and (edge_old_log_prob is None or edge_old_log_prob.shape != (E,)):
         raise ValueError(f"method {method!r} needs edge_old_log_prob of shape [{E}]")
@@ -196,7 +213,7 @@ def tree_advantages(
         fused = _segment_sum(weights * score[pairs.leaf], pairs.edge, E)  # [E]
         adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps)
     else:
-        a = normalize_per_group(score, leaf_prompt, eps)  # [L]
+        a = normalize_per_group(score, leaf_prompt, eps, std_scope)  # [L]
         mean_below = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
         if method == "mean":
             adv = mean_below

@@ -6,8 +6,11 @@ Per edge i with importance ratio ``rho_i = exp(log_prob_i - old_log_prob_i)`` an
     l_i = max(-A_i rho_i, -A_i clamp(rho_i, 1 - clip_range, 1 + clip_range_high))
         + kl_beta * mean_elements((mean_i - ref_mean_i)^2) / (2 std_i^2)
 
-The KL term is Flow-GRPO's closed form between the policy's and the reference model's Gaussians of
-the same step (same std). Aggregation over edges: each edge belongs to a *group* (its parent node,
+The KL term is the closed form between the policy's and the reference model's Gaussians of the same
+step (same std): ``kl_form="exact"`` divides by the step's variance ``std^2 = g^2 |dt|``;
+``kl_form="flow_grpo"`` divides by ``g^2`` alone, as Flow-GRPO's code does (its
+``sde_step_with_logprob`` returns ``std_dev_t`` without the ``sqrt(-dt)``), i.e. the exact KL times
+``|dt|`` -- 4-30x weaker at T = 10, so a ``kl_beta`` from Flow-GRPO's configs needs this form. Aggregation over edges: each edge belongs to a *group* (its parent node,
 whose k children share one forward); ``aggregation="sum"`` sums the k child losses of a parent as
 TreeGRPO's code does (``loss_agg: sum``), ``"mean"`` averages them; the result is averaged over
 groups. Without groups every edge is its own group (flat GRPO: both are the plain mean).
@@ -21,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 Aggregation = Literal["sum", "mean"]
+KLForm = Literal["exact", "flow_grpo"]
 
 
 class LossOutput(NamedTuple):
@@ -44,6 +48,8 @@ class ClippedPolicyLoss(nn.Module):
         kl_beta: weight of the KL to the reference mean; 0 disables it (TreeGRPO, DanceGRPO).
         clip_range_high: upper clip; ``None`` means ``clip_range`` (symmetric).
         aggregation: ``"sum"`` or ``"mean"`` over the children of a parent, see the module doc.
+        kl_form: ``"exact"`` (the Gaussians' KL) or ``"flow_grpo"`` (Flow-GRPO's, the exact KL
+            times the step size ``|dt|``; needs ``step_size`` in :meth:`forward`).
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class ClippedPolicyLoss(nn.Module):
         kl_beta: float = 0.0,
         clip_range_high: float | None = None,
         aggregation: Aggregation = "sum",
+        kl_form: KLForm = "exact",
     ) -> None:
         super().__init__()
         if clip_range <= 0:
@@ -65,6 +72,9 @@ class ClippedPolicyLoss(nn.Module):
             raise ValueError(f"loss.kl_beta must be >= 0, got {kl_beta}")
         if aggregation not in ("sum", "mean"):
             raise ValueError(f"loss.aggregation must be 'sum' or 'mean', got {aggregation!r}")
+        if kl_form not in ("exact", "flow_grpo"):
+            raise ValueError(f"loss.kl_form must be 'exact' or 'flow_grpo', got {kl_form!r}")
+        self.kl_form = kl_form
         self.clip_low = clip_range
         self.clip_high = clip_range if clip_range_high is None else clip_range_high
         self.adv_clip = adv_clip
@@ -81,6 +91,7 @@ class ClippedPolicyLoss(nn.Module):
         mean: Tensor | None = None,
         ref_mean: Tensor | None = None,
         std: Tensor | None = None,
+        step_size: Tensor | None = None,
     ) -> LossOutput:
         """Loss over B edges.
 
@@ -91,6 +102,8 @@ class ClippedPolicyLoss(nn.Module):
             group: [B] long parent id of each edge (any ids); ``None``: one group per edge.
             mean, ref_mean: [B, *S] policy and reference Gaussian means (needed if kl_beta > 0).
             std: [B, 1, ..] or [B, *S] the step's std (needed if kl_beta > 0).
+            step_size: [B] ``|dt|`` of each edge's step (needed if kl_beta > 0 and
+                kl_form == "flow_grpo").
         """
         B = log_prob.shape[0]
         for name, t in (("old_log_prob", old_log_prob), ("advantages", advantages)):
@@ -107,7 +120,11 @@ class ClippedPolicyLoss(nn.Module):
             if mean is None or ref_mean is None or std is None:
                 raise ValueError("kl_beta > 0 needs mean, ref_mean and std")
             sq = (mean.float() - ref_mean.float()).square()  # [B, *S]
-            kl = (sq / (2 * std.float().square())).flatten(1).mean(dim=1)  # [B]
+            kl = (sq / (2 * std.float().square())).flatten(1).mean(dim=1)  # [B] exact
+            if self.kl_form == "flow_grpo":
+                if step_size is None or step_size.shape != (B,):
+                    raise ValueError(f"kl_form='flow_grpo' needs step_size of shape [{B}] (|dt| per edge)")
+                kl = kl * step_size.float()  # [B] / g^2 instead of / (g^2 |dt|)
         else:
             kl = torch.zeros_like(policy)  # [B]
 

@@ -14,7 +14,9 @@ Width pruning (BranchGRPO sec. 3.4), choosing *leaves* and keeping every edge ab
 
 ``ratio`` keeps, per prompt, the top ``ratio`` fraction of edges by ``|advantage|``.
 
-Depth pruning keeps edges whose depth (number of recorded ancestors) lies in ``[lo, hi)``; the
+Depth pruning acts on the edges whose depth (number of recorded ancestors) lies in ``[lo, hi)``:
+``depth_mode="drop"`` leaves them out of training (BranchGRPO's code, ``--depth_pruning``: the
+listed depths are pruned, the window sliding towards the root), ``"keep"`` trains only them. The
 window's schedule lives in the ``PruningSchedule`` callback. Step pruning keeps edges recorded at
 given denoising steps (DanceGRPO trains a random 60% of the timesteps of every iteration; the
 ``PruningSchedule`` callback draws them).
@@ -32,6 +34,7 @@ from .advantages import PathPairs, path_pairs
 from .rollout import RolloutTree
 
 WidthPruning = Literal["none", "parent_top1", "extreme", "ratio"]
+DepthMode = Literal["drop", "keep"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ class PruningConfig:
     ratio: float = 0.5
     """Fraction of edges kept per prompt by ``ratio`` (BranchGRPO's code uses 0.5)."""
     depth_window: tuple[int, int] | None = None
-    """Train only edges with ``lo <= depth < hi``; ``None`` trains every depth."""
+    """Depths ``[lo, hi)`` that ``depth_mode`` acts on; ``None`` trains every depth."""
+    depth_mode: DepthMode = "drop"
+    """``drop``: leave the edges of ``depth_window`` out of training (BranchGRPO's code);
+    ``keep``: train only them."""
     steps: tuple[int, ...] | None = None
     """Train only edges recorded at these denoising steps; ``None`` trains every step."""
 
@@ -64,6 +70,8 @@ class PruningConfig:
                 raise ValueError(
                     f"pruning.depth_window must be [lo, hi) with 0 <= lo < hi, got {self.depth_window}"
                 )
+        if self.depth_mode not in ("drop", "keep"):
+            raise ValueError(f"pruning.depth_mode must be 'drop' or 'keep', got {self.depth_mode!r}")
         if self.steps is not None:
             object.__setattr__(self, "steps", tuple(int(t) for t in self.steps))  # lists from YAML
             if any(t < 0 for t in self.steps):
@@ -136,7 +144,8 @@ def prune(tree: RolloutTree, advantages: Tensor, config: PruningConfig) -> Tenso
     else:
         keep = torch.ones(tree.num_edges, dtype=torch.bool, device=advantages.device)
     if config.depth_window is not None:
-        keep = keep & depth_mask(tree.edge_depth, *config.depth_window)
+        in_window = depth_mask(tree.edge_depth, *config.depth_window)  # [E]
+        keep = keep & (in_window if config.depth_mode == "keep" else ~in_window)
     if config.steps is not None:
         steps = torch.tensor(config.steps, dtype=torch.long, device=keep.device)
         keep = keep & torch.isin(tree.edge_step, steps)

@@ -17,6 +17,9 @@ MixGRPO              flat, with a window of SDE steps sliding over the schedule
 
 The last denoising step is never stochastic: its Gaussian is nearly degenerate (Flow-GRPO trains
 on ``timestep_fraction=0.99`` of the steps for that reason), so branching there is refused.
+``ode_tail`` widens that deterministic tail: MixGRPO's window never covers the last two steps, and
+on a model that denoises in pixel space (the Shapes model) noise injected into a sigma near 0 is
+never removed and ruins the sample (``benchmarks/step_noise.py`` measures this per step).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class WindowSchedule:
     """``fixed``: offset ``start`` always. ``shifting`` (TreeGRPO code): ``start + shift *
     (step // every)``, wrapping around past ``max_offset``. ``geometric`` (TreeGRPO paper): offset
     drawn from a geometric law truncated to ``0 .. max_offset``, ``P(i) ∝ ratio**i``.
-    ``progressive`` (MixGRPO): like ``shifting`` but stops at ``max_offset`` instead of wrapping."""
+    ``progressive`` (MixGRPO): like ``shifting`` but stops at ``max_offset`` instead of wrapping
+    (with ``roll_back``: returns to ``start`` once the next move would pass ``max_offset``)."""
     target: WindowTarget = "branch"
     """Which steps move: ``branch`` (TreeGRPO's SDE window) or ``sde`` (MixGRPO / BranchGRPO-Mix)."""
     start: int = 0
@@ -60,6 +64,10 @@ class WindowSchedule:
     """Ratio ``r`` of the truncated geometric law (``geometric``); 1.0 is uniform."""
     seed: int = 0
     """Seed of the ``geometric`` draws."""
+    roll_back: bool = False
+    """``progressive`` only: once the window would move past ``max_offset``, start again at
+    ``start`` (MixGRPO's ``roll_back``, ``fastvideo/utils/grpo_states.py``) instead of staying at
+    the end."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "shifting", "geometric", "progressive"):
@@ -76,6 +84,11 @@ class WindowSchedule:
             raise ValueError(f"window.every must be >= 1 training step, got {self.every}")
         if not 0.0 < self.ratio <= 1.0:
             raise ValueError(f"window.ratio must be in (0, 1], got {self.ratio}")
+        if self.roll_back and self.kind != "progressive":
+            raise ValueError(
+                f"window.roll_back applies to kind 'progressive' only (kind is {self.kind!r}; "
+                "'shifting' already wraps around)"
+            )
 
     def offset(self, step: int, max_offset: int) -> int:
         """Window offset at training ``step``, in ``0 .. max_offset``."""
@@ -85,7 +98,7 @@ class WindowSchedule:
             raise ValueError(f"max_offset must be >= 0, got {max_offset}")
         if self.start > max_offset:
             raise ValueError(
-                f"window.start={self.start} moves the window onto the last denoising step; "
+                f"window.start={self.start} moves the window into the deterministic tail (ode_tail); "
                 f"the largest offset for this tree is {max_offset}"
             )
         moved = self.start + self.shift * (step // self.every)
@@ -94,6 +107,10 @@ class WindowSchedule:
         if self.kind == "shifting":
             return moved % (max_offset + 1)
         if self.kind == "progressive":
+            if self.roll_back and self.shift > 0:
+                # positions start, start + shift, ... <= max_offset, visited in a cycle
+                positions = (max_offset - self.start) // self.shift + 1
+                return self.start + self.shift * ((step // self.every) % positions)
             return min(moved, max_offset)
         # geometric: a generator seeded from (seed, step) alone, independent of any global RNG.
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63))
@@ -117,6 +134,10 @@ class TreeSpec:
     """Independent roots per prompt (each from its own noise). Flat GRPO uses its group size G."""
     max_batch: int = 64
     """Most nodes per model call; a larger frontier is chunked. Bounds activation memory."""
+    ode_tail: int = 1
+    """The last ``ode_tail`` denoising steps are always deterministic: no branch or SDE step there,
+    and a window schedule never moves onto them. 1 (the default) keeps only the nearly degenerate
+    last step deterministic; MixGRPO keeps 2."""
     max_leaves: int = 256
     """Refuse trees with more leaves per prompt than this (a typo in branching grows them fast)."""
     window: WindowSchedule | None = None
@@ -131,6 +152,12 @@ class TreeSpec:
         T = self.num_steps
         if T < 1:
             raise ValueError(f"num_steps must be >= 1, got {T}")
+        if not 1 <= self.ode_tail <= T:
+            raise ValueError(
+                f"ode_tail must be in 1 .. num_steps={T} (the last step is always deterministic), "
+                f"got {self.ode_tail}"
+            )
+        first_tail = T - self.ode_tail  # first step of the deterministic tail
         for name in ("branch_steps", "sde_steps"):
             steps = getattr(self, name)
             if len(set(steps)) != len(steps):
@@ -144,6 +171,12 @@ class TreeSpec:
                 raise ValueError(
                     f"{name} contains the last denoising step {T - 1}: its Gaussian is nearly "
                     f"degenerate, so it is always a deterministic step; use steps 0 .. {T - 2}"
+                )
+            tail = [s for s in steps if s >= first_tail]
+            if tail:
+                raise ValueError(
+                    f"{name} {tail} lie in the deterministic tail (ode_tail={self.ode_tail}: steps "
+                    f"{first_tail} .. {T - 1}); use steps 0 .. {first_tail - 1} or lower ode_tail"
                 )
         both = sorted(set(self.branch_steps) & set(self.sde_steps))
         if both:
@@ -243,7 +276,7 @@ class TreeSpec:
                 f"window.target={self.window.target!r} moves {field}, but {field} is empty; "
                 f"give the window's steps at offset 0 in {field}"
             )
-        return self.num_steps - 2 - steps[-1]  # >= 0: no stochastic step is the last one
+        return self.num_steps - 1 - self.ode_tail - steps[-1]  # >= 0: the tail stays deterministic
 
     def at(self, step: int) -> TreeSpec:
         """The spec in force at training ``step`` (``self`` when there is no window schedule)."""

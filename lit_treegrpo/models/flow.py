@@ -43,6 +43,15 @@ class FlowMatchingAdapter(DiffusionAdapter):
     def timesteps(self, step_index: Tensor) -> Tensor:
         return self._t.to(step_index.device)[step_index]  # [B]
 
+    def sigmas(self) -> Tensor:
+        """[T + 1] the noise level before each step and after the last (ends at 0)."""
+        return self._sigmas.clone()
+
+    def step_size(self, step_index: Tensor) -> Tensor:
+        """[B] ``|dt| = sigma - sigma_next`` of each step (Flow-GRPO's KL form needs it)."""
+        idx = step_index.cpu()
+        return (self._sigmas[idx] - self._sigmas[idx + 1]).to(step_index.device)  # [B]
+
     def step(
         self,
         model_output: Tensor,

@@ -40,6 +40,15 @@ def test_depth_window_shallower_clamps_at_zero_or_stop() -> None:
     assert windows(stopped, [0, 10, 20, 30]) == [(5, 7), (3, 5), (2, 4), (2, 4)]
 
 
+def test_branchgrpo_code_drops_its_deepest_depths_sliding_towards_the_root() -> None:
+    # BranchGRPO's script, scaled to 8 trained depths: drop [6, 8), one depth shallower every 30
+    # iterations, the window's first depth stopping at 4
+    s = PruningSchedule(depth_window=2, depth_start=6, depth_every=30, depth_direction="shallower", depth_stop=4)
+    assert windows(s, [0, 30, 60, 90, 1000]) == [(6, 8), (5, 7), (4, 6), (4, 6), (4, 6)]
+    assert s.config_at(0, 1000).depth_mode == "drop"
+    assert PruningSchedule(depth_window=2, depth_mode="keep").config_at(0, 1000).depth_mode == "keep"
+
+
 def test_fixed_window_and_no_depth_pruning() -> None:
     assert windows(PruningSchedule(depth_window=3, depth_shift=0, depth_start=2), [0, 10_000]) == [(2, 5), (2, 5)]
     assert windows(PruningSchedule(), [0, 10_000]) == [None, None]
@@ -91,6 +100,7 @@ def test_width_fraction_needs_max_steps(tmp_path) -> None:
         (dict(depth_start=-1), "PruningSchedule.depth_start"),
         (dict(depth_stop=-1), "PruningSchedule.depth_stop"),
         (dict(depth_direction="up"), "PruningSchedule.depth_direction"),
+        (dict(depth_mode="only"), "PruningSchedule.depth_mode"),
         (dict(depth_start=3, depth_stop=1), "PruningSchedule.depth_stop=1 is above depth_start=3"),
         (dict(depth_start=1, depth_stop=3, depth_direction="shallower"), "PruningSchedule.depth_stop=3 is below"),
     ],

@@ -657,3 +657,23 @@ def test_ten_thousand_edges():
                 method=method, edge_old_log_prob=tree.edge_old_log_prob[keep], beta=0.7,
             )  # fmt: skip
             torch.testing.assert_close(out[keep], alone, atol=1e-5, rtol=0.0)
+
+
+def test_global_std_scope_keeps_the_prompt_mean_and_takes_the_batch_std() -> None:
+    # four one-edge chains, prompts 0 and 1: rewards [0, 2 | 4, 8]; prompt means 1 and 6.
+    # Batch population std: mean 3.5, deviations -3.5, -1.5, 0.5, 4.5 -> var (12.25 + 2.25 + 0.25
+    # + 20.25) / 4 = 8.75. Global: a = [-1, 1, -2, 2] / sqrt(8.75); per group: [-1, 1, -1, 1].
+    rewards = torch.tensor([0.0, 2.0, 4.0, 8.0])
+    parent, leaf_edge, prompt = torch.full((4,), -1), torch.arange(4), torch.tensor([0, 0, 1, 1])
+    glob = tree_advantages(rewards, parent, leaf_edge, prompt, std_scope="global")
+    expected = torch.tensor([-1.0, 1.0, -2.0, 2.0]) / math.sqrt(8.75)
+    torch.testing.assert_close(glob, expected, rtol=1e-6, atol=1e-7)
+    group = tree_advantages(rewards, parent, leaf_edge, prompt)
+    torch.testing.assert_close(group, torch.tensor([-1.0, 1.0, -1.0, 1.0]), rtol=1e-6, atol=1e-7)
+    # a prompt whose leaves all scored alike still gets exactly 0
+    same = tree_advantages(torch.tensor([3.0, 3.0, 4.0, 8.0]), parent, leaf_edge, prompt, std_scope="global")
+    assert same[:2].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="std_scope 'global' does not apply to branch_fusion"):
+        tree_advantages(rewards, parent, leaf_edge, prompt, method="branch_fusion", beta=0.0, std_scope="global")
+    with pytest.raises(ValueError, match="std_scope must be 'group' or 'global'"):
+        tree_advantages(rewards, parent, leaf_edge, prompt, std_scope="batch")  # type: ignore[arg-type]

@@ -89,6 +89,24 @@ def test_kl_to_reference_mean() -> None:
         loss_fn(lp, old, adv)
 
 
+def test_flow_grpo_kl_form_divides_by_g_squared() -> None:
+    # Flow-GRPO: mean((mu - mu_ref)^2) / (2 g^2) with std = g sqrt(|dt|), i.e. the exact KL * |dt|.
+    # Edge 0: sq 0.04, std 0.1, |dt| 0.25 -> g^2 = 0.01 / 0.25 = 0.04, kl = 0.04 / 0.08 = 0.5
+    # (exact: 2.0); edge 1: kl 0. Mean 0.25; loss = 0.5 * 0.25.
+    lp, old = lp_for([1.0, 1.0])
+    mean, ref = torch.zeros(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    ref[0] = 0.2
+    std = torch.tensor([0.1, 0.5]).reshape(2, 1, 1, 1)
+    loss_fn = ClippedPolicyLoss(kl_beta=0.5, kl_form="flow_grpo")
+    out = loss_fn(lp, old, torch.zeros(2), mean=mean, ref_mean=ref, std=std, step_size=torch.tensor([0.25, 0.1]))
+    torch.testing.assert_close(out.kl, torch.tensor(0.25), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.loss, torch.tensor(0.125), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"kl_form='flow_grpo' needs step_size of shape \[2\]"):
+        loss_fn(lp, old, torch.zeros(2), mean=mean, ref_mean=ref, std=std)
+    with pytest.raises(ValueError, match="loss.kl_form must be 'exact' or 'flow_grpo'"):
+        ClippedPolicyLoss(kl_form="mse")  # type: ignore[arg-type]
+
+
 def test_stats_are_detached() -> None:
     lp, old = lp_for([1.0, 1.2])
     out = ClippedPolicyLoss()(lp, old, torch.ones(2))

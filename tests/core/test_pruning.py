@@ -97,11 +97,15 @@ def test_depth_window_and_combination() -> None:
     spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=2, sde_steps=(3, 4))
     tree = grow(spec)
     assert tree.edge_depth.max() == 4
-    keep = prune(tree, torch.randn(tree.num_edges), PruningConfig(depth_window=(1, 3)))
+    keep = prune(tree, torch.randn(tree.num_edges), PruningConfig(depth_window=(1, 3), depth_mode="keep"))
     assert torch.equal(keep, (tree.edge_depth >= 1) & (tree.edge_depth < 3))
     assert torch.equal(depth_mask(tree.edge_depth, 0, 1), tree.edge_depth == 0)
+    # the default drops the window's depths (BranchGRPO's code): depths 0 and 3, 4 train
+    dropped = prune(tree, torch.randn(tree.num_edges), PruningConfig(depth_window=(1, 3)))
+    assert torch.equal(dropped, (tree.edge_depth < 1) | (tree.edge_depth >= 3))
+    assert int(dropped.sum()) + int(keep.sum()) == tree.num_edges
     adv = torch.randn(tree.num_edges)
-    both = prune(tree, adv, PruningConfig(width="parent_top1", depth_window=(2, 5)))
+    both = prune(tree, adv, PruningConfig(width="parent_top1", depth_window=(2, 5), depth_mode="keep"))
     width = prune(tree, adv, PruningConfig(width="parent_top1"))
     assert torch.equal(both, width & (tree.edge_depth >= 2))
 
@@ -118,6 +122,7 @@ def test_flat_tree_parent_top1_keeps_all() -> None:
         (dict(extreme_n=0), "pruning.extreme_n"),
         (dict(ratio=1.5), "pruning.ratio"),
         (dict(depth_window=(3, 3)), "pruning.depth_window"),
+        (dict(depth_mode="only"), "pruning.depth_mode must be 'drop' or 'keep'"),
     ],
 )
 def test_config_validation(kwargs: dict, message: str) -> None:
@@ -136,7 +141,7 @@ def test_step_pruning_keeps_exactly_the_edges_of_the_given_steps() -> None:
     keep = prune(tree, torch.randn(tree.num_edges), PruningConfig(steps=(0, 3)))
     steps = tree.edge_step
     assert torch.equal(keep, (steps == 0) | (steps == 3))
-    both = prune(tree, torch.randn(tree.num_edges), PruningConfig(steps=[2], depth_window=(0, 2)))
+    both = prune(tree, torch.randn(tree.num_edges), PruningConfig(steps=[2], depth_window=(0, 2), depth_mode="keep"))
     assert torch.equal(both, (steps == 2) & (tree.edge_depth < 2))
     with pytest.raises(ValueError, match="pruning.steps must be denoising step indices"):
         PruningConfig(steps=(-1,))

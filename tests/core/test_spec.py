@@ -193,3 +193,33 @@ def test_nfe_is_exact_over_random_specs() -> None:
                 edges += nodes
         assert (spec.nfe(), spec.num_edges(), spec.train_nfe()) == (nfe, edges, parents)
         assert spec.num_leaves == nodes == trees * math.prod(ks)
+
+
+def test_ode_tail_refuses_stochastic_steps_in_the_tail_and_keeps_windows_off_it() -> None:
+    # T = 10, ode_tail = 2: steps 8 and 9 are deterministic
+    with pytest.raises(ValueError, match=r"sde_steps \[8\] lie in the deterministic tail \(ode_tail=2: steps 8 .. 9\)"):
+        TreeSpec(10, sde_steps=tuple(range(9)), ode_tail=2)
+    flat = TreeSpec(10, sde_steps=tuple(range(8)), num_trees=4, ode_tail=2)
+    assert flat.num_edges() == 4 * 8
+    # a window of 4 SDE steps (0..3): offsets 0 .. 10 - 1 - 2 - 3 = 4, so the window ends at step 7
+    spec = TreeSpec(10, sde_steps=(0, 1, 2, 3), ode_tail=2,
+                    window=WindowSchedule(kind="progressive", target="sde", every=1))  # fmt: skip
+    assert [spec.at(i).sde_steps for i in (0, 4, 5, 100)] == [(0, 1, 2, 3), (4, 5, 6, 7), (4, 5, 6, 7), (4, 5, 6, 7)]
+    # with the default ode_tail = 1 the same window reaches step 8
+    assert TreeSpec(10, sde_steps=(0, 1, 2, 3), window=spec.window).at(100).sde_steps == (5, 6, 7, 8)
+    for bad in (0, 11):
+        with pytest.raises(ValueError, match="ode_tail must be in 1 .. num_steps=10"):
+            TreeSpec(10, ode_tail=bad)
+
+
+def test_progressive_window_rolls_back_to_its_start() -> None:
+    # MixGRPO's roll_back: positions start, start + shift, ... <= max_offset, then start again
+    w = WindowSchedule(kind="progressive", shift=1, every=2, roll_back=True)
+    assert [w.offset(s, 3) for s in range(10)] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    # start 1, shift 2, max_offset 6: positions 1, 3, 5 (7 would pass 6), then 1 again
+    w = WindowSchedule(kind="progressive", start=1, shift=2, every=1, roll_back=True)
+    assert [w.offset(s, 6) for s in range(7)] == [1, 3, 5, 1, 3, 5, 1]
+    # without roll_back the window stays at the end
+    assert WindowSchedule(kind="progressive", start=1, shift=2, every=1).offset(6, 6) == 6
+    with pytest.raises(ValueError, match="window.roll_back applies to kind 'progressive' only"):
+        WindowSchedule(kind="shifting", roll_back=True)
