@@ -34,7 +34,7 @@ Outputs in ``--out``: ``results.json``, ``reward_vs_nfe.png``, ``reward_vs_wallc
 
     python benchmarks/compare_methods.py --quick --out runs/bench                   # < 10 min, 2 cores
     python benchmarks/compare_methods.py --sweep --out benchmarks/results/shapes_cpu  # the lr sweep
-    python benchmarks/compare_methods.py --out benchmarks/results/shapes_cpu         # 3 seeds
+    python benchmarks/compare_methods.py --out benchmarks/results/shapes_cpu         # seeds 0, 1, 2
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ def methods(window_every: int) -> dict[str, Method]:
                    "rolling back, ODE elsewhere, 4 optimizer steps per rollout",
                    TreeSpec(T, sde_steps=(0, 1, 2, 3), num_trees=LEAVES, window=mix_window, ode_tail=ODE_TAIL),
                    shared_noise=True, flat=True, minibatches=4,
+                   lr_grid=FLAT_GRID + (3e-3,),  # 1e-3 won the first three: the grid goes one further
                    follows="Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO.sh, "
                            "fastvideo/utils/grpo_states.py"),  # fmt: skip
             Method("treegrpo", "k=3 on a window of 3 steps (geometric start), mean backup, 2 optimizer steps "
@@ -555,9 +556,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed-list", type=int, nargs="+", default=None,
                    help=f"seeds (default {' '.join(map(str, REPORT_SEEDS))}; quick 0; sweep "
                         f"{' '.join(map(str, SWEEP_SEEDS))})")  # fmt: skip
-    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 100k, sweep 40k, quick 30k)")
+    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 40k, as the sweep; quick 20k)")
     p.add_argument("--seconds", type=float, default=0.0, help="least training wall-clock per run, besides the NFE budget")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per iteration (default 8 as configs/shapes.yaml, quick 4)")
+    p.add_argument("--runs-only", action="store_true",
+                   help="train (and cache under --out/runs) the listed methods and seeds, then stop without "
+                        "a report: several such processes share a comparison, a last call without it reports")  # fmt: skip
     p.add_argument("--lr", type=float, default=None, help="one AdamW learning rate for every method (instead of --lrs)")
     p.add_argument("--lrs", type=Path, default=DEFAULT_SWEEP,
                    help="sweep.json whose chosen rate each method takes (default: the committed sweep); a method "
@@ -573,7 +577,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     default_seeds = SWEEP_SEEDS if args.sweep else ((0,) if args.quick else REPORT_SEEDS)
     args.seed_list = list(args.seed_list or default_seeds)
     if args.nfe_budget is None:
-        args.nfe_budget = 30_000 if args.quick else (40_000 if args.sweep else 100_000)
+        args.nfe_budget = 20_000 if args.quick else 40_000  # the comparison runs as long as the sweep did
     args.batch_size = args.batch_size or (4 if args.quick else 8)
     if args.eval_every < 1 or args.eval_seeds < 1 or args.batch_size < 1:
         p.error("--eval-every, --eval-seeds and --batch-size must be >= 1")
@@ -587,7 +591,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in chosen if m not in known]
     if unknown:
         p.error(f"unknown methods {unknown}; choose from {', '.join(known)}")
-    args.methods = chosen if args.sweep else ["dancegrpo"] + [m for m in chosen if m != "dancegrpo"]
+    reference = args.sweep or args.runs_only  # a report needs dancegrpo, its reference
+    args.methods = chosen if reference else ["dancegrpo"] + [m for m in chosen if m != "dancegrpo"]
     return args
 
 
@@ -608,16 +613,26 @@ def learning_rates(args: argparse.Namespace, known: dict[str, Method]) -> tuple[
 
 
 def sweep(args: argparse.Namespace, known: dict[str, Method]) -> dict[str, Any]:
-    """Every method at each rate of its grid on the sweep seeds; the best mean final reward wins."""
-    report: dict[str, Any] = {"settings": settings_of(args), "seeds": args.seed_list, "methods": {}}
+    """Every method at each rate of its grid on the sweep seeds; the best mean final reward wins.
+    Methods already in ``--out``/sweep.json and not run now keep their entries (with their seeds),
+    so separate calls, e.g. one per process, build one sweep."""
+    path = args.out / "sweep.json"
+    report: dict[str, Any] = {"settings": settings_of(args), "methods": {}}
+    if path.is_file():
+        earlier = json.loads(path.read_text())
+        if run_settings(argparse.Namespace(**earlier["settings"])) != run_settings(args):
+            raise SystemExit(f"{path} was swept with other budgets ({earlier['settings']}); use another --out")
+        report["methods"] = {k: v for k, v in earlier["methods"].items() if k not in args.methods}
     for name in args.methods:
         grid = []
         for lr in known[name].lr_grid:
             finals = [cached_run(known[name], seed, lr, args).curve[-1]["reward"] for seed in args.seed_list]
             grid.append({"lr": lr, "final_reward": finals, "mean": statistics.fmean(finals)})
         best = max(grid, key=lambda g: g["mean"])
-        report["methods"][name] = {"grid": grid, "chosen_lr": best["lr"], "follows": known[name].follows}
-    (args.out / "sweep.json").write_text(json.dumps(report, indent=2))
+        report["methods"][name] = {"grid": grid, "chosen_lr": best["lr"], "seeds": args.seed_list,
+                                   "follows": known[name].follows}  # fmt: skip
+    report["methods"] = {name: report["methods"][name] for name in known if name in report["methods"]}
+    path.write_text(json.dumps(report, indent=2))
     text = sweep_table(report)
     (args.out / "sweep.md").write_text(text + "\n")
     print(f"wrote {args.out / 'sweep.json'}\n\n{text}")
@@ -627,18 +642,18 @@ def sweep(args: argparse.Namespace, known: dict[str, Method]) -> dict[str, Any]:
 def sweep_table(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
-        f"Learning-rate sweep: final held-out ShapesReward, mean over seeds {report['seeds']} "
+        f"Learning-rate sweep: final held-out ShapesReward, mean over the sweep seeds "
         f"({fmt(s['nfe_budget'])} sampling NFE, {s['batch_size']} prompts per iteration); chosen rate in bold",
         "",
-        "| method | learning rate: final reward (per seed) |",
-        "|---|---|",
+        "| method | seeds | learning rate: final reward (per seed) |",
+        "|---|---|---|",
     ]
     for name, m in report["methods"].items():
         cells = []
         for g in m["grid"]:
             text = f"{g['lr']:g}: {g['mean']:.3f} ({', '.join(f'{v:.3f}' for v in g['final_reward'])})"
             cells.append(f"**{text}**" if g["lr"] == m["chosen_lr"] else text)
-        lines.append(f"| {name} | {'; '.join(cells)} |")
+        lines.append(f"| {name} | {', '.join(map(str, m['seeds']))} | {'; '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -657,6 +672,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lrs, lr_source = learning_rates(args, known)
     started = time.perf_counter()
     runs = {name: [cached_run(known[name], seed, lrs[name], args) for seed in args.seed_list] for name in args.methods}
+    if args.runs_only:
+        return {"runs": {name: len(rs) for name, rs in runs.items()}}
     finals = {name: statistics.fmean(r.curve[-1]["reward"] for r in rs) for name, rs in runs.items()}
     best_flat = max((n for n in runs if known[n].flat), key=finals.__getitem__)
     target = args.target if args.target is not None else finals[best_flat]

@@ -13,6 +13,7 @@ sys.path.insert(0, str(BENCH))
 
 import compare_methods  # noqa: E402
 import gpu_sd35  # noqa: E402
+import step_noise  # noqa: E402
 
 
 def test_gpu_sd35_runs_its_code_path_on_a_tiny_transformer(capsys) -> None:
@@ -58,3 +59,60 @@ def test_compare_methods_writes_results_plots_and_a_table_of_the_same_numbers(tm
     assert compare_methods.table(report["methods"], report["target_reward"]) == compare_methods.table(
         saved["methods"], saved["target_reward"]
     )
+
+
+def test_compare_methods_sweep_chooses_each_methods_best_rate_and_the_comparison_reads_it(tmp_path: Path) -> None:
+    common = ["--out", str(tmp_path), "--nfe-budget", "200", "--batch-size", "1", "--eval-every", "1",
+              "--eval-seeds", "1", "--threads", "1"]  # fmt: skip
+    # an earlier sweep call (another process) left dancegrpo's entry: this call keeps it
+    earlier = {"grid": [{"lr": 1e-4, "final_reward": [0.5], "mean": 0.5}], "chosen_lr": 1e-4, "seeds": [101]}
+    settings = vars(compare_methods.parse(["--sweep", "--seed-list", "100", *common]))
+    (tmp_path / "sweep.json").write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v
+                                                                  for k, v in settings.items()},
+                                                     "methods": {"dancegrpo": earlier}}))  # fmt: skip
+    report = compare_methods.main(["--sweep", "--methods", "treegrpo", "--seed-list", "100", *common])
+    entry = report["methods"]["treegrpo"]
+    assert [g["lr"] for g in entry["grid"]] == list(compare_methods.methods(10)["treegrpo"].lr_grid)
+    best = max(entry["grid"], key=lambda g: g["mean"])
+    assert entry["chosen_lr"] == best["lr"] and entry["seeds"] == [100]
+    assert all(g["mean"] == g["final_reward"][0] for g in entry["grid"])
+    merged = json.loads((tmp_path / "sweep.json").read_text())["methods"]
+    assert list(merged) == ["dancegrpo", "treegrpo"] and merged["dancegrpo"]["chosen_lr"] == 1e-4
+    assert "| treegrpo | 100 |" in (tmp_path / "sweep.md").read_text()
+    # the comparison takes the chosen rates, and reuses no sweep run (other seeds)
+    results = compare_methods.main(["--methods", "treegrpo", "--seed-list", "3", "--lrs", str(tmp_path / "sweep.json"), *common])
+    assert results["methods"]["treegrpo"]["lr"] == entry["chosen_lr"]
+    assert results["methods"]["dancegrpo"]["lr"] == 1e-4
+    assert (tmp_path / "runs" / f"treegrpo_lr{best['lr']:g}_seed3.json").is_file()
+    # the seeds that chose the rates are not reported
+    with pytest.raises(SystemExit):
+        compare_methods.parse(["--out", str(tmp_path), "--seed-list", "0", "101"])
+
+
+def test_compare_methods_speedups_to_the_baselines_targets() -> None:
+    # two seeds of a method that reached the target at 10 s and 30 s, a baseline at 40 s on average
+    base = {"seconds_to_target": {"mean": 40.0}, "per_seed": []}
+    mine = {"per_seed": [{"seconds_to_target": 10.0}, {"seconds_to_target": 30.0}]}
+    # ratio of the means 40 / 20 = 2; per seed 40 / 10 = 4 and 40 / 30 = 1.33
+    got = compare_methods.speedup_to(base, mine, "seconds_to_target")
+    assert got == pytest.approx({"mean": 2.0, "min": 40 / 30, "max": 4.0, "reached": 2})
+    assert compare_methods.speedup_to(base, {"per_seed": [{"seconds_to_target": None}]}, "seconds_to_target") is None
+    assert compare_methods.speedup_to({"seconds_to_target": {"mean": None}}, mine, "seconds_to_target") is None
+
+
+def test_step_noise_scores_one_stochastic_step_at_a_time_for_any_adapter(tmp_path: Path) -> None:
+    report = step_noise.main([
+        "--out", str(tmp_path), "--adapter", "lit_treegrpo.models.tiny.TinySD3Adapter", "--adapter-kwargs",
+        '{"guidance_scale": 1.0}', "--reward", "brightness", "--prompts", "animals", "--val-fraction", "0",
+        "--num-prompts", "2", "--chains", "2", "--steps", "3",
+    ])  # fmt: skip
+    rows = report["rows"]
+    # per sampler: the ODE row, one row per step 0 .. T-2, and all of them together
+    assert [r["step"] for r in rows] == [None, 0, 1, "all"] * 2
+    ode = [r for r in rows if r["step"] is None]
+    # the deterministic samples start from the same noises whatever the SDE: equal across samplers
+    assert ode[0]["per_prompt"] == ode[1]["per_prompt"]
+    assert rows[1]["per_prompt"] != ode[0]["per_prompt"]  # a stochastic step changes the samples
+    assert len(report["sigmas"]) == 4 and report["sigmas"][-1] == 0.0
+    saved = json.loads((tmp_path / "step_noise.json").read_text())
+    assert (tmp_path / "step_noise.md").read_text().strip() == step_noise.table(saved)

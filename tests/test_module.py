@@ -422,3 +422,16 @@ def test_the_memory_guard_measures_this_machine(tmp_path) -> None:
     fit(model, 1, tmp_path)  # the tiny tree fits in any machine's memory
     available, where = model._available_memory()
     assert available is not None and available > 0 and where.startswith("MemAvailable / 1 process")
+
+
+def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
+    # a fingerprint without the later TreeSpec fields reads them at their defaults
+    model = module()
+    saved = model._fingerprint()
+    del saved["tree"]["ode_tail"]
+    state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
+    assert model.iteration == 3
+    saved["tree"]["branching"] = 3  # still another tree is refused
+    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+        module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})

@@ -16,7 +16,8 @@ EXPECTED = {
     "treegrpo": (27, 202, 39),
     "treegrpo_code": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16),
     "branchgrpo": (16, 1 + 2 * 3 + 4 * 3 + 8 * 3 + 16 * 10, 2 + 2 * 2 + 4 + 4 * 2 + 8 + 8 * 2 + 16 + 16 * 9),
-    "branchgrpo_mix": (16, 203, 2 + 2 * 2 + 4 + 4 * 2 + 8 + 16),
+    # splits 0, 3, 6, 9 (k=2) and the window's SDE steps 1, 2 on the 2 nodes after the first split
+    "branchgrpo_mix": (16, 203, 2 + 2 + 2 + 4 + 8 + 16),
     "dancegrpo": (12, 120, 108),
     "flowgrpo": (24, 240, 216),
     "mixgrpo": (12, 120, 48),
@@ -40,3 +41,5 @@ def test_preset_sizes(name: str) -> None:
         moved = spec.at(step)
         assert moved.num_leaves == spec.num_leaves
         assert spec.num_steps - 1 not in moved.branch_steps + moved.sde_steps
+        # nor in the preset's deterministic tail (MixGRPO: the last two steps)
+        assert all(s < spec.num_steps - spec.ode_tail for s in moved.branch_steps + moved.sde_steps)
