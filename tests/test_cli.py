@@ -79,8 +79,15 @@ def test_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -> None:
     args = ("--trainer.val_check_interval", "100", "--trainer.limit_val_batches", "0")
     fit(full, "--trainer.max_steps", "6", *args)
     fit(part, "--trainer.max_steps", "3", *args)
+    first_record = (part / "tensorboard" / "config.yaml").read_bytes()
     resumed = fit(part, "--trainer.max_steps", "6", "--ckpt_path", "last", *args)
     assert "Resuming from" in resumed.stdout + resumed.stderr
+    # each fit keeps its own record of how it was run; the first is never replaced
+    assert (part / "tensorboard" / "config.yaml").read_bytes() == first_record
+    records = sorted(p.name for p in (part / "tensorboard").glob("config*.yaml"))
+    assert records == ["config-2.yaml", "config.yaml"], records
+    assert "ckpt_path: last" in (part / "tensorboard" / "config-2.yaml").read_text()
+    assert "max_steps: 6" in (part / "tensorboard" / "config-2.yaml").read_text()
     a, b = trainable(full / "checkpoints" / "last.ckpt"), trainable(part / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed parameters differ from the uninterrupted run"
@@ -122,12 +129,21 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monk
 def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
     from lit_treegrpo.cli import main
 
-    base = ["fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)]
-    main([*base, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
+    base = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
+    main([*base, "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
+    before = snapshot(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change])
+        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change, "--trainer.default_root_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+    # refused after the model loaded: still no config record, event file or lock left behind
+    assert snapshot(tmp_path) == before
+    # the same refusal as a new run in a new folder leaves no folder at all
+    with pytest.raises(SystemExit):
+        main([*base, "--trainer.max_steps", "2", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), *change,
+              "--trainer.default_root_dir", str(tmp_path / "new")])  # fmt: skip
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def _log_to_this_stderr(monkeypatch) -> None:
@@ -513,3 +529,42 @@ def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(tmp
 
 def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signal.SIGTERM, "training")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (hidden ones included), by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_sigterm_during_validate_test_or_predict_leaves_the_run_folder_untouched(tmp_path: Path, uninterrupted: Path, command: str) -> None:
+    # the README's `validate --config ...` runs in the fit's own folder: a checkpoint written on
+    # its interrupt would replace the trained last.ckpt with the untrained weights
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(uninterrupted, root)
+    before = snapshot(root)
+    assert "checkpoints/last.ckpt" in before and "tensorboard/config.yaml" in before
+    gate = tmp_path / "gate"
+    probe = '{"class_path": "tests.probes.GateInEval", "init_args": {"folder": "%s"}}' % gate
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LIT_TREEGRPO_DEBUG", None)
+    command_line = [sys.executable, "-m", "lit_treegrpo", command, "--config", str(TINY), *QUIET,
+                    "--trainer.callbacks+", probe, "--trainer.default_root_dir", str(root)]  # fmt: skip
+    proc = subprocess.Popen(command_line, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (gate / "inside").exists():  # held inside the first evaluation batch
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, f"{command} never reached its first batch"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    (gate / "go").touch()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors and errors[-1].startswith(f"error: {command} was stopped by SIGTERM; no checkpoint or config was written"), err[-2000:]
+    assert "Traceback" not in err and "checkpoint written to" not in err
+    after = snapshot(root)
+    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
+    assert all(after[k] == before[k] for k in before), [k for k in before if after[k] != before[k]]
