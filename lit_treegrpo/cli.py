@@ -59,7 +59,7 @@ from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_ch
 from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
-from .data import PromptDataModule, resolve_batch_size
+from .data import PromptDataModule
 from .errors import explain_os_error, first_line
 from .module import (
     AdvantageSettings,
@@ -182,6 +182,9 @@ def explain_parse_error(message: str, parser: Any) -> str:
         class_path, name = class_option.groups()
         hint = _did_you_mean(name, _init_parameters(class_path))
         return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
+    nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
+    if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
+        return explain_parse_error(f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser)
     class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
     if class_problem:
         reason = class_problem.group(2).strip().splitlines()[0].strip()
@@ -195,7 +198,8 @@ def explain_parse_error(message: str, parser: Any) -> str:
     value = re.search(r"Given value: (.*)", detail)
     if subtypes and value:
         wanted = ", ".join(_type_name(t) for t in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)))
-        return f"{option}: {value.group(1).strip()!r} is none of {wanted}; fix the value ({see})"
+        given = re.sub(r"\. Got value: .*", "", value.group(1)).strip()
+        return f"{option}: {given!r} is none of {wanted}; fix the value ({see})"
     return f"{option}: {' '.join(lines)} ({see})"
 
 
@@ -242,10 +246,29 @@ def _data_parallel_world(trainer: Any) -> int | None:
     return count * int(trainer.get("num_nodes") or 1)
 
 
+def _nan_options(value: Any, option: str) -> list[str]:
+    """The options under ``value`` (a parsed section) whose value is a float NaN."""
+    if isinstance(value, float):
+        return [option] if math.isnan(value) else []
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return [found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _nan_options(v, f"{option}[{i}]")]
+    return []
+
+
 def check_config(config: Any) -> None:
-    """Everything the run's options say that can be checked without weights: the tree, advantage,
-    loss, pruning, fault and memory settings, the reward names and their extras, the prompts, the
-    batch sizes against the world size. Raises :class:`UserError` / ``ValueError`` (one line)."""
+    """Everything the run's options say that can be checked without weights: no NaN anywhere, the
+    tree, advantage, loss, pruning, fault and memory settings, the reward names and their extras,
+    the prompts, the batch sizes against the world size. Raises :class:`UserError` /
+    ``ValueError`` (one line)."""
+    # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
+    # from deep inside the optimizer that names no option
+    nans = [found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")]
+    if nans:
+        raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
     model = config["model"]
     try:
         check_reward_names(model.get("reward"), _plain(model.get("reward_kwargs")) or {})
@@ -282,10 +305,10 @@ def check_config(config: Any) -> None:
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")
-        PromptDataModule(**data)
+        datamodule = PromptDataModule(**data)
     world = _data_parallel_world(config["trainer"])
     if world is not None:
-        resolve_batch_size(data.get("batch_size"), data.get("global_batch_size"), world)
+        datamodule.per_rank_batch_size(world)
 
 
 def _loss(spec: Any) -> ClippedPolicyLoss | None:

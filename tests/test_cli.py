@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,6 +155,8 @@ def _log_to_this_stderr(monkeypatch) -> None:
         for handler in logger.handlers:
             if type(handler) is logging.StreamHandler:
                 monkeypatch.setattr(handler, "stream", sys.stderr)
+                if "flush" in vars(handler):  # transformers binds its handler's flush to that stderr's
+                    monkeypatch.setattr(handler, "flush", sys.stderr.flush)
 
 
 def _main_error(monkeypatch, capsys, *args: str, code: int = 2) -> str:
@@ -204,6 +207,8 @@ BAD_YAML = """model:
         (["--model.advantage.method", "median"], "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?"),
         (["--model.adapter.init_args.num_step", "4"], "--model.adapter.init_args.num_step: lit_treegrpo.models.tiny.TinySD3Adapter takes no option 'num_step'; did you mean num_steps?"),
         (["--model.faults.nonfinite", "skp"], "got 'skp'; did you mean skip?"),
+        (["--model.optimizer.lr", "nan"], "--model.optimizer.init_args.lr: 'nan' is none of float, Tensor; fix the value"),
+        (["--model.adapter.init_args.noise_level", "nan"], "--model.adapter.init_args.noise_level: expected float, got 'nan'; fix the value"),
     ],
 )
 def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
@@ -256,6 +261,15 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
          "--data.global_batch_size 3 is not divisible by the 2 data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of 2 (2 or 4)"),
         (["--data.global_batch_size", "4"], "--data.batch_size 2 and --data.global_batch_size 4 disagree"),
         (["--ckpt_path", "last"], "--ckpt_path last: no checkpoint at"),
+        (["--ckpt_path", ""], "--ckpt_path: empty; give a checkpoint file, or last, or leave the option out"),
+        (["--data.batch_size", "100000000"], "--data.batch_size 100000000 asks for 100000000 prompts per training step, but "
+         "'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less"),
+        (["--model.optimizer.lr", ".nan"], "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a number"),
+        (["--model.adapter.init_args.noise_level", ".nan"], "--model.adapter.init_args.noise_level: nan is not a value any option accepts"),
+        (["--model.tree.branching", "1"], "--model.tree has one leaf per prompt (num_trees 1, branching 1), so every "
+         "advantage would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"),
+        (["--model.reward", "{brightness: 0, shapes: 0}"], "--model.reward: reward {'brightness': 0.0, 'shapes': 0.0}: every reward "
+         "weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"),
     ],
 )
 def test_model_free_errors_come_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
@@ -279,6 +293,91 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
     assert f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+
+
+class Opaque:
+    """An object torch's safe unpickler refuses (it is no tensor, container or number)."""
+
+
+def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
+    """Arguments that feed the bad input ``kind``, and the start of the one line it must give."""
+    if kind == "root dir below a file":
+        (tmp_path / "file").write_text("not a folder")
+        root = tmp_path / "file" / "run"
+        return ["--trainer.default_root_dir", str(root)], (
+            f"--trainer.default_root_dir: cannot create or lock {root}: {root}: Not a directory (ENOTDIR); a part of "
+            "that path is a file, not a folder; move the file or choose another path")
+    if kind == "YAML syntax":
+        bad = tmp_path / "broken.yaml"
+        bad.write_text("model:\n  tree: [\n")
+        return ["--config", str(bad)], f"--config {bad}: not valid YAML: "  # then PyYAML's words (C or Python parser)
+    if kind == "checkpoint folder":
+        (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "old" / "checkpoints" / "last.ckpt").write_bytes(b"")
+        return ["--ckpt_path", str(tmp_path / "old")], (
+            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {tmp_path / 'old' / 'checkpoints' / 'last.ckpt'}, or last")
+    path = tmp_path / "other.ckpt"
+    if kind == "torch file, no Lightning checkpoint":
+        torch.save({"w": torch.zeros(3)}, path)
+        return ["--ckpt_path", str(path)], (
+            f"--ckpt_path: {path} is a torch file but no Lightning checkpoint (it holds the keys 'w', not 'state_dict' and "
+            "'pytorch-lightning_version'); pass a checkpoint written by fit")
+    assert kind == "unpickling refused"
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
+    return ["--ckpt_path", str(path)], (
+        f"--ckpt_path: {path} holds objects that torch.load refuses to unpickle safely (Unsupported global: GLOBAL "
+        "tests.test_cli.Opaque); it was not written by this project's fit")
+
+
+@pytest.mark.parametrize(
+    "kind", ["root dir below a file", "YAML syntax", "checkpoint folder", "torch file, no Lightning checkpoint", "unpickling refused"]
+)
+def test_file_errors_are_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, kind: str) -> None:
+    args, message = _bad_input(kind, tmp_path)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path / "run"), *args)
+    assert line.startswith(f"error: {message}"), line
+    if kind == "YAML syntax":
+        assert line.endswith("at line 3, column 1; fix the file  (set LIT_TREEGRPO_DEBUG=1 for the traceback)"), line
+
+
+def _full_disk(obj: Any, f: Any) -> None:
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("kind", "args", "message"),
+    [
+        ("Lightning's MisconfigurationException", ["--trainer.devices", "0"],
+         "error: the trainer's settings (--trainer.*): `Trainer(devices='0')` value is not a valid input using cpu accelerator"),
+        ("a model not in the hub cache, offline", ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
+         "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read"),
+        ("a full disk during the save", ["--trainer.max_steps", "1"],
+         "error: cannot write the checkpoint ROOT/checkpoints/last.ckpt: No space left on device (ENOSPC); free space on that disk"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else "",
+)
+def test_environment_errors_are_one_line_with_status_2(tmp_path: Path, capsys, monkeypatch, kind: str, args: list[str], message: str) -> None:
+    if kind == "a full disk during the save":
+        monkeypatch.setattr(torch, "save", _full_disk)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0",
+                       "--trainer.default_root_dir", str(tmp_path), *args)  # fmt: skip
+    assert line.replace(str(tmp_path), "ROOT").startswith(message), line
+
+
+def test_predict_into_a_file_where_its_folder_goes_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "predictions").write_text("not a folder")
+    line = _main_error(monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
+    assert line.startswith(f"error: {tmp_path / 'predictions'}: File exists (EEXIST); something is already there; move it"), line
+
+
+def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
+    from lit_treegrpo.cli import DEBUG_ENV, main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    raising = '{"class_path": "tests.probes.FlakyReward", "init_args": {"raise_on": [0]}}'
+    with pytest.raises(RuntimeError, match=r"reward service unavailable \(call 0\)"):  # not turned into a line
+        main(["fit", "--config", str(TINY), *QUIET, "--model.reward", raising, "--trainer.callbacks=[]",
+              "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
 
 
 def test_a_tree_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path, capsys, monkeypatch) -> None:
