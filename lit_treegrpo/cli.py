@@ -330,6 +330,7 @@ class TreeGRPOCLI(LightningCLI):
         self._verified: str | None = None  # the --ckpt_path file already checked
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
+        self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
         try:
             super().__init__(
                 TreeGRPOModule,
@@ -362,8 +363,9 @@ class TreeGRPOCLI(LightningCLI):
                 default=False,
                 help=(
                     "Start a new run in a --trainer.default_root_dir that already holds one "
-                    "(checkpoints/last.ckpt): delete its checkpoints/, tensorboard/ and samples/ first. "
-                    "Without it such a fit is refused; --ckpt_path last resumes the run instead."
+                    "(checkpoints/last.ckpt): its checkpoints/, tensorboard/ and samples/ are deleted once "
+                    "the new run's model has loaded. Without it such a fit is refused; --ckpt_path last "
+                    "resumes the run instead."
                 ),
             )
         return parser
@@ -395,25 +397,30 @@ class TreeGRPOCLI(LightningCLI):
         fit takes its run folder (:meth:`_take_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_config(config)
-        self._ckpt_path = self._checked_ckpt_path(config)
-        if self.subcommand == "fit" and launch_rank() == 0:
-            self._take_run_folder(config)
-
-    def _take_run_folder(self, config: Any) -> None:
-        """Refuse a fit that would start over on an earlier run or share its folder with a live
-        fit; lock the folder for this one; with ``--overwrite true`` clear the earlier run."""
+        # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
+        owner = self.subcommand == "fit" and launch_rank() == 0
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        if owner:
+            try:
+                check_new_run(root, config.get("ckpt_path"), config.get("overwrite", False))
+            except RunFolderError as err:
+                raise UserError(str(err)) from err
+        self._ckpt_path = self._checked_ckpt_path(config)
+        if owner:
+            self._take_run_folder(root, overwrite=config.get("overwrite", False))
+
+    def _take_run_folder(self, root: Path, *, overwrite: bool) -> None:
+        """Lock the folder for this fit (refused while another fit holds it); with
+        ``--overwrite true`` its earlier run is deleted in :meth:`before_fit`."""
+        lock = RunLock(root)
         try:
-            check_new_run(root, config.get("ckpt_path"), config.get("overwrite", False))
-            lock = RunLock(root)
             lock.acquire()
         except RunFolderError as err:
             raise UserError(str(err)) from err
         except OSError as err:
             raise UserError(f"--trainer.default_root_dir: cannot create or lock {root}: {explain_os_error(err)}") from err
         self._lock = lock
-        if config.get("overwrite", False):
-            clear_run(root)
+        self._clear_before_fit = root if overwrite else None
 
     def _checked_ckpt_path(self, config: Any) -> str | None:
         """``--ckpt_path`` resolved (``last`` -> ``<root>/checkpoints/last.ckpt``) and verified
@@ -499,6 +506,10 @@ class TreeGRPOCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
+        # --overwrite true deletes the earlier run only now that this one's model and trainer are
+        # built: a fit that fails to load keeps the earlier run
+        if self._clear_before_fit is not None:
+            clear_run(self._clear_before_fit)
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:

@@ -50,6 +50,11 @@ class RunFolderError(Exception):
 
 def check_new_run(root: Path, ckpt_path: str | None, overwrite: bool) -> None:
     """Refuse a fit that would start a second run on top of the one already in ``root``."""
+    if overwrite and ckpt_path is not None:
+        # --ckpt_path last is inside what --overwrite deletes; any other resumes a run, not a new one
+        raise RunFolderError(
+            f"--overwrite true starts a new run, --ckpt_path {ckpt_path} resumes one; give only one of them"
+        )
     last = root / "checkpoints" / "last.ckpt"
     if ckpt_path is not None or overwrite or not last.exists():
         return
@@ -112,25 +117,31 @@ class RunLock:
         self._created: list[Path] = []
 
     def acquire(self) -> None:
-        missing = [p for p in (self.root, *self.root.parents) if not p.exists()]
+        missing = [p for p in (self.root, *self.root.parents) if not p.exists()]  # deepest first
         self.root.mkdir(parents=True, exist_ok=True)
-        self._created = missing  # deepest first
+        self._created = missing
+        try:
+            fd = self._open_locked()
+        except BaseException:
+            self._remove_created()
+            raise
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def _open_locked(self) -> int:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 self._lock(fd)
                 # a holder that released meanwhile unlinked the file we opened: lock the new one
                 if os.path.exists(self.path) and os.fstat(fd).st_ino == os.stat(self.path).st_ino:
-                    break
+                    return fd
             except BaseException:
                 os.close(fd)
-                self._remove_created()
                 raise
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
 
     def _lock(self, fd: int) -> None:
         if fcntl is None:

@@ -59,6 +59,23 @@ def test_overwrite_starts_a_new_run_in_place_of_the_old_one(tmp_path: Path) -> N
     assert (tmp_path / "predictions").is_dir() and not (tmp_path / LOCK_NAME).exists()
 
 
+def test_overwrite_with_a_checkpoint_to_resume_is_refused(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+    before = _old_run(tmp_path)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--overwrite", "true", "--ckpt_path", "last",
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: --overwrite true starts a new run, --ckpt_path last resumes one; give only one of them"), line
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_fails_to_load(tmp_path: Path, capsys, monkeypatch) -> None:
+    before = _old_run(tmp_path)
+    missing = '{"class_path": "lit_treegrpo.models.sd3.SD3Adapter", "init_args": {"pretrained": "/no/such/model"}}'
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--overwrite", "true", "--model.adapter", missing,
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert "/no/such/model" in line, line
+    assert snapshot(tmp_path) == before
+
+
 def test_validate_saves_no_config_over_the_fits(tmp_path: Path) -> None:
     from lit_treegrpo.cli import main
 
