@@ -5,6 +5,7 @@ signalled the process, and a reward that fails on purpose."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,27 @@ class GateInEval(pl.Callback):
 
     def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._hold()
+
+
+class SignalInEval(pl.Callback):
+    """Sends this process SIGTERM at the start of evaluation / predict batch ``batch``, as a
+    ``kill`` arriving there would (Lightning's handler only records it)."""
+
+    def __init__(self, batch: int = 0) -> None:
+        self.batch = batch
+
+    def _maybe_signal(self, batch_idx: int) -> None:
+        if batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._maybe_signal(batch_idx)
+
+    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._maybe_signal(batch_idx)
+
+    def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._maybe_signal(batch_idx)
 
 
 class FlakyReward(RewardModel):

@@ -97,31 +97,43 @@ def test_config_records_are_numbered_and_never_replaced(tmp_path: Path) -> None:
         "first\n", "second\n", "written by someone else\n", "fourth\n"]  # fmt: skip
 
 
+# a process holding a run folder's lock as a fit does (flock on .fit.lock, its PID inside), without
+# the seconds of importing Lightning
 _HOLDER = """
-import sys, time
-from lit_treegrpo.run_folder import RunLock
-RunLock(sys.argv[1]).acquire()
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, f"{os.getpid()}\\n".encode())
 print("locked", flush=True)
 time.sleep(600)
 """
 
 
-def test_a_second_live_fit_is_refused_and_a_killed_fits_lock_is_taken_over(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+def test_a_second_live_fit_is_refused_naming_the_holder(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+    lock = RunLock(tmp_path)
+    lock.acquire()  # a fit in progress (this process: a second flock on the file conflicts all the same)
+    try:
+        line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
+    finally:
+        lock.release()
+    assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path} is in use by another fit (pid {os.getpid()}, lock "), line
+    assert "wait for it to end or stop it, or train into another --trainer.default_root_dir" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_fits_lock_is_taken_over(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
-        assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path} is in use by another fit (pid {holder.pid}, lock "), line
-        assert "wait for it to end or stop it, or train into another --trainer.default_root_dir" in line
+        with pytest.raises(RunFolderError, match=f"in use by another fit \\(pid {holder.pid},"):
+            RunLock(tmp_path).acquire()
     finally:
         holder.kill()  # SIGKILL: no clean-up runs, the lock file stays with a dead PID in it
         holder.wait()
     assert (tmp_path / LOCK_NAME).read_text().strip() == str(holder.pid)
     lock = RunLock(tmp_path)
-    lock.acquire()  # the kernel dropped the dead holder's flock: taken over
+    lock.acquire()  # the kernel dropped the dead holder's flock
     assert (tmp_path / LOCK_NAME).read_text().strip() == str(os.getpid())
-    with pytest.raises(RunFolderError, match=f"in use by another fit \\(pid {os.getpid()},"):
-        RunLock(tmp_path).acquire()  # a second holder, even in the same process
     lock.release()
     assert not (tmp_path / LOCK_NAME).exists()
 
