@@ -9,8 +9,9 @@
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
   validation, synchronised across ranks; best / worst prompts; within-prompt image diversity.
 
-- :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops after the step in flight and
-  writes ``last.ckpt`` (the CLI adds it to every fit).
+- :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops a fit after the step in flight
+  and writes ``last.ckpt``; validate / test / predict stop before their next batch and write
+  nothing (the CLI adds it to every trainer).
 
 Every callback is resumable through ``state_dict`` / ``load_state_dict``. The folder sits at the
 repository top level (the design card) and pyproject's ``package-dir`` maps it into the package;

@@ -7,6 +7,12 @@ kill during the write leaves the previous file intact), so that ``--ckpt_path la
 with nothing lost. The signal may come at any point of the step, in the rollout or the training
 pass: the step in flight finishes first (tested for both, with SIGTERM and Ctrl-C). A first Ctrl-C asks for the same graceful stop;
 a second one aborts at once, as usual.
+
+Only a fit writes: ``validate``, ``test`` and ``predict`` run in the same folder as the fit they
+evaluate, so a checkpoint written there would replace the trained ``last.ckpt`` with the
+untrained (or merely loaded) weights. A SIGTERM during those commands stops them before their next
+batch (predict included, which Lightning's loop does not check), so they write nothing more; the
+CLI then exits with a non-zero status.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 
 class CheckpointOnInterrupt(pl.Callback):
-    """Write ``last.ckpt`` when a fit is interrupted by SIGTERM or a first Ctrl-C.
+    """Write ``last.ckpt`` when a fit is interrupted by SIGTERM or a first Ctrl-C; stop other
+    commands after their batch in flight without writing anything.
 
     Args:
         catch_sigint: turn the first Ctrl-C into a graceful stop (a second one aborts).
@@ -52,7 +60,7 @@ class CheckpointOnInterrupt(pl.Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore_sigint()
-        if not isinstance(exception, SIGTERMException):
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return
         checkpointing = trainer.checkpoint_callback
         if isinstance(checkpointing, ModelCheckpoint) and checkpointing.dirpath:
@@ -66,6 +74,31 @@ class CheckpointOnInterrupt(pl.Callback):
         self.saved_to = path
         step = getattr(pl_module, "iteration", trainer.global_step)
         rank_zero_info(f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last")
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._stop_if_signalled(trainer)
+
+    @override
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._stop_if_signalled(trainer)
+
+    @override
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._stop_if_signalled(trainer)
+
+    @staticmethod
+    def _stop_if_signalled(trainer: pl.Trainer) -> None:
+        # Lightning's evaluation loops check for SIGTERM only after a batch that is not the last,
+        # its predict loop never: stop before any further batch, so that it writes nothing more
+        if trainer.received_sigterm:
+            raise SIGTERMException
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -11,12 +11,16 @@ Windows) and fsyncs the folder: at every instant the target is the old checkpoin
 
 :func:`check_checkpoint` reads a checkpoint's zip directory (and, before a resume, every entry's
 CRC) so that a truncated or garbage file is reported with the fix instead of failing deep inside
-``torch.load`` after the model has loaded, or being half-read.
+``torch.load`` after the model has loaded, or being half-read; :func:`check_lightning_checkpoint`
+then unpickles it as the trainer will (``weights_only``, tensors memory-mapped, not read) and
+refuses what is no Lightning checkpoint, or what the safe unpickler refuses.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -26,11 +30,29 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+from .errors import explain_os_error
+
 _TMP_SUFFIX = ".tmp"
+#: what every Lightning checkpoint holds, whatever wrote it
+LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
 
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint file is truncated or is not a torch checkpoint (a one-line message)."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a lost mount); the previous one is intact."""
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``err``: torch's zip writer reports a failed write as a
+    ``RuntimeError`` raised while it handles the ``OSError`` of the file."""
+    while err is not None:
+        if isinstance(err, OSError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _temp_path(path: Path) -> Path:
@@ -60,6 +82,14 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        cause = _os_error_in(err)
+        if cause is None:  # a RuntimeError of torch.save itself: not the disk's doing
+            raise
+        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+        raise CheckpointWriteError(
+            f"cannot write the checkpoint {path}: {explain_os_error(cause)} ({kept})"
+        ) from err
     finally:
         tmp.unlink(missing_ok=True)  # gone after the replace; a partial file after a failure
     if os.name == "posix":  # make the rename itself durable (directories cannot be opened on Windows)
@@ -88,6 +118,42 @@ def check_checkpoint(path: str | Path, *, option: str = "--ckpt_path", verify_da
         f"{option}: {path} is truncated or corrupt ({problem}); delete it and resume from an "
         f"earlier checkpoint in {path.parent}{earlier}, or start over without --ckpt_path"
     )
+
+
+def check_lightning_checkpoint(path: str | Path, *, option: str = "--ckpt_path") -> None:
+    """Raise :class:`CorruptCheckpointError` unless ``path`` (a complete torch zip file, see
+    :func:`check_checkpoint`) unpickles with ``weights_only=True``, as Lightning loads it, into a
+    Lightning checkpoint. Tensors are memory-mapped, so this reads the pickle only."""
+    path = Path(path)
+    fix = "pass a checkpoint written by fit (<root>/checkpoints/last.ckpt), or last"
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:  # torch's safe unpickler refused an object in the file
+        raise CorruptCheckpointError(
+            f"{option}: {path} holds objects that torch.load refuses to unpickle safely "
+            f"({_refusal(err)}); it was not written by this project's fit: {fix}"
+        ) from err
+    except (RuntimeError, EOFError) as err:  # a zip that is a torch file in name only
+        raise CorruptCheckpointError(f"{option}: {path} cannot be read by torch.load ({_refusal(err)}); {fix}") from err
+    if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in LIGHTNING_KEYS):
+        holds = (
+            f"the keys {', '.join(repr(k) for k in list(checkpoint)[:5])}" if isinstance(checkpoint, dict)
+            else f"a {type(checkpoint).__name__}"
+        )
+        raise CorruptCheckpointError(
+            f"{option}: {path} is a torch file but no Lightning checkpoint (it holds {holds}, not "
+            f"{' and '.join(repr(k) for k in LIGHTNING_KEYS)}); {fix}"
+        )
+
+
+def _refusal(err: BaseException) -> str:
+    """The informative part of torch's unpickling errors, which open with a paragraph of advice."""
+    text = str(err)
+    refused = re.search(r"Unsupported global: GLOBAL [\w.]+", text)
+    if refused:
+        return refused.group(0)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if "Unpickler error" in line), lines[0] if lines else type(err).__name__)
 
 
 def _zip_problem(path: Path, verify_data: bool) -> str | None:
@@ -132,4 +198,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
 
-__all__ = ["AtomicCheckpointIO", "CorruptCheckpointError", "atomic_save", "check_checkpoint"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointWriteError",
+    "CorruptCheckpointError",
+    "atomic_save",
+    "check_checkpoint",
+    "check_lightning_checkpoint",
+]

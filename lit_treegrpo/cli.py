@@ -16,8 +16,19 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   status 1.
 - Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
   truncated or corrupt ``--ckpt_path`` is reported before any model loads.
-- SIGTERM or a first Ctrl-C stops after the training step in flight and writes ``last.ckpt``
-  (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits with status 0.
+- SIGTERM or a first Ctrl-C stops a fit after the training step in flight and writes
+  ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits
+  with status 0. ``validate`` / ``test`` / ``predict`` never write a checkpoint: interrupted, they
+  stop after the batch in flight and exit with status 143 (SIGTERM) or 1 (Ctrl-C).
+- A fit never destroys an earlier one (:mod:`lit_treegrpo.run_folder`): a folder that holds a run
+  is resumed (``--ckpt_path last``) or explicitly started over (``--overwrite true``), a second live
+  fit in the same folder is refused, and each fit's config is saved beside, never over, the
+  earlier ones; other commands save no config.
+- One rule for errors: whatever comes from the configuration, the files or the environment (a
+  parse or YAML error, a bad value, any ``OSError``: a missing or unreadable file, a full disk, a
+  folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
+  ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
+  status 2. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -25,27 +36,31 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import math
 import os
 import re
+import signal
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.fabric.plugins.io import CheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import CheckpointOnInterrupt
-from .checkpoint import AtomicCheckpointIO, check_checkpoint
+from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_checkpoint
 from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
-from .data import PromptDataModule, resolve_batch_size
-from .errors import first_line
+from .data import PromptDataModule
+from .errors import explain_os_error, first_line
 from .module import (
     AdvantageSettings,
     FaultLimitError,
@@ -56,6 +71,15 @@ from .module import (
     check_settings,
 )
 from .rewards import NonFiniteRewardError
+from .run_folder import (
+    RunConfigRecord,
+    RunFolderError,
+    RunLock,
+    RunTensorBoardLogger,
+    check_new_run,
+    clear_run,
+    launch_rank,
+)
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
@@ -63,6 +87,10 @@ DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
 
 class UserError(Exception):
     """A mistake in the command line or config: reported in one line, without a traceback."""
+
+
+class CommandInterrupted(Exception):
+    """``validate`` / ``test`` / ``predict`` stopped by SIGTERM before they finished."""
 
 
 class OneLineParser(LightningArgumentParser):
@@ -154,6 +182,9 @@ def explain_parse_error(message: str, parser: Any) -> str:
         class_path, name = class_option.groups()
         hint = _did_you_mean(name, _init_parameters(class_path))
         return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
+    nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
+    if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
+        return explain_parse_error(f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser)
     class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
     if class_problem:
         reason = class_problem.group(2).strip().splitlines()[0].strip()
@@ -167,7 +198,8 @@ def explain_parse_error(message: str, parser: Any) -> str:
     value = re.search(r"Given value: (.*)", detail)
     if subtypes and value:
         wanted = ", ".join(_type_name(t) for t in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)))
-        return f"{option}: {value.group(1).strip()!r} is none of {wanted}; fix the value ({see})"
+        given = re.sub(r"\. Got value: .*", "", value.group(1)).strip()
+        return f"{option}: {given!r} is none of {wanted}; fix the value ({see})"
     return f"{option}: {' '.join(lines)} ({see})"
 
 
@@ -214,10 +246,29 @@ def _data_parallel_world(trainer: Any) -> int | None:
     return count * int(trainer.get("num_nodes") or 1)
 
 
+def _nan_options(value: Any, option: str) -> list[str]:
+    """The options under ``value`` (a parsed section) whose value is a float NaN."""
+    if isinstance(value, float):
+        return [option] if math.isnan(value) else []
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return [found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _nan_options(v, f"{option}[{i}]")]
+    return []
+
+
 def check_config(config: Any) -> None:
-    """Everything the run's options say that can be checked without weights: the tree, advantage,
-    loss, pruning, fault and memory settings, the reward names and their extras, the prompts, the
-    batch sizes against the world size. Raises :class:`UserError` / ``ValueError`` (one line)."""
+    """Everything the run's options say that can be checked without weights: no NaN anywhere, the
+    tree, advantage, loss, pruning, fault and memory settings, the reward names and their extras,
+    the prompts, the batch sizes against the world size. Raises :class:`UserError` /
+    ``ValueError`` (one line)."""
+    # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
+    # from deep inside the optimizer that names no option
+    nans = [found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")]
+    if nans:
+        raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
     model = config["model"]
     try:
         check_reward_names(model.get("reward"), _plain(model.get("reward_kwargs")) or {})
@@ -254,10 +305,10 @@ def check_config(config: Any) -> None:
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")
-        PromptDataModule(**data)
+        datamodule = PromptDataModule(**data)
     world = _data_parallel_world(config["trainer"])
     if world is not None:
-        resolve_batch_size(data.get("batch_size"), data.get("global_batch_size"), world)
+        datamodule.per_rank_batch_size(world)
 
 
 def _loss(spec: Any) -> ClippedPolicyLoss | None:
@@ -278,63 +329,130 @@ class TreeGRPOCLI(LightningCLI):
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
         self._verified: str | None = None  # the --ckpt_path file already checked
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
-        super().__init__(
-            TreeGRPOModule,
-            PromptDataModule,
-            args=args,
-            run=run,
-            parser_class=OneLineParser,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={
-                "prog": "python -m lit_treegrpo",
-                "description": "Tree-structured GRPO for diffusion and flow models (TreeGRPO, BranchGRPO).",
-                "default_env": False,
-            },
-        )
+        self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
+        self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
+        try:
+            super().__init__(
+                TreeGRPOModule,
+                PromptDataModule,
+                args=args,
+                run=run,
+                parser_class=OneLineParser,
+                save_config_callback=RunConfigRecord,
+                parser_kwargs={
+                    "prog": "python -m lit_treegrpo",
+                    "description": "Tree-structured GRPO for diffusion and flow models (TreeGRPO, BranchGRPO).",
+                    "default_env": False,
+                },
+            )
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         # an abbreviated option (--trainer.max_step) is a typo to report, not a guess to expand
         kwargs.setdefault("allow_abbrev", False)
         return super().init_parser(**kwargs)
 
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "fit":
+            parser.add_argument(
+                "--overwrite",
+                type=bool,
+                default=False,
+                help=(
+                    "Start a new run in a --trainer.default_root_dir that already holds one "
+                    "(checkpoints/last.ckpt): its checkpoints/, tensorboard/ and samples/ are deleted once "
+                    "the new run's model has loaded. Without it such a fit is refused; --ckpt_path last "
+                    "resumes the run instead."
+                ),
+            )
+        return parser
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        # jsonargparse reports a YAML syntax error in a --config file as coming from "<unicode
+        # string>"; read each one first, so the message names the file
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            for path in _config_files(argv):
+                check_yaml_file(path)
+        super().parse_arguments(parser, args)
+
     def _parse_ckpt_path(self) -> None:
         # Lightning's hook reads the hyper-parameters of an explicit --ckpt_path file with
-        # torch.load before anything else: check the file first, so a corrupt one is reported
-        # in one line instead of as an unpickling error
+        # torch.load before anything else: check the file first, so a corrupt one, or one that is
+        # no Lightning checkpoint, is reported in one line instead of as a traceback
         subcommand = self.config.get("subcommand")
         given = self.config[subcommand].get("ckpt_path") if subcommand else None
         if given not in (None, "last", "best", "hpc", "registry") and Path(given).is_file():
-            check_checkpoint(given, option="--ckpt_path")
-            self._verified = str(given)
+            self._verify_checkpoint(Path(given), "--ckpt_path")
         super()._parse_ckpt_path()
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
 
     def before_instantiate_classes(self) -> None:
-        """Checks that need no model, made before any weights load (minutes for SD3.5)."""
+        """Checks that need no model, made before any weights load (minutes for SD3.5); then a
+        fit takes its run folder (:meth:`_take_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_config(config)
+        # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
+        owner = self.subcommand == "fit" and launch_rank() == 0
+        root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        if owner:
+            try:
+                check_new_run(root, config.get("ckpt_path"), config.get("overwrite", False))
+            except RunFolderError as err:
+                raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
+        if owner:
+            self._take_run_folder(root, overwrite=config.get("overwrite", False))
+
+    def _take_run_folder(self, root: Path, *, overwrite: bool) -> None:
+        """Lock the folder for this fit (refused while another fit holds it); with
+        ``--overwrite true`` its earlier run is deleted in :meth:`before_fit`."""
+        lock = RunLock(root)
+        try:
+            lock.acquire()
+        except RunFolderError as err:
+            raise UserError(str(err)) from err
+        except OSError as err:
+            raise UserError(f"--trainer.default_root_dir: cannot create or lock {root}: {explain_os_error(err)}") from err
+        self._lock = lock
+        self._clear_before_fit = root if overwrite else None
 
     def _checked_ckpt_path(self, config: Any) -> str | None:
         """``--ckpt_path`` resolved (``last`` -> ``<root>/checkpoints/last.ckpt``) and verified
-        before any model loads: missing, truncated or garbage files fail here in one line."""
+        before any model loads: missing, truncated or garbage files, folders and files that are no
+        Lightning checkpoint fail here in one line."""
         given = config.get("ckpt_path")
         if given is None or given in ("best", "hpc", "registry"):
             return given
+        if not str(given).strip():
+            raise UserError("--ckpt_path: empty; give a checkpoint file, or last, or leave the option out to start a new run")
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
         path = root / "checkpoints" / "last.ckpt" if given == "last" else Path(given)
-        if not path.exists():  # a file, or a folder for distributed (FSDP2) checkpoints
+        if not path.exists():
             if given == "last":
                 raise UserError(
                     f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or "
                     f"drop --ckpt_path to start a new run"
                 )
             raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or drop --ckpt_path to start over")
+        if path.is_dir():
+            # this project's checkpoints are single files (sharded ones are refused when written)
+            inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+            hint = f" such as {inside[0]}" if inside else ""
+            raise UserError(f"--ckpt_path: {path} is a folder; give a checkpoint file{hint}, or last")
         if self._verified != str(path):  # not already read by _parse_ckpt_path
-            check_checkpoint(path, option=f"--ckpt_path {given}")
+            self._verify_checkpoint(path, f"--ckpt_path {given}" if given == "last" else "--ckpt_path")
         return str(path)
+
+    def _verify_checkpoint(self, path: Path, option: str) -> None:
+        check_checkpoint(path, option=option)
+        check_lightning_checkpoint(path, option=option)
+        self._verified = str(path)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Fixed run folders: checkpoints in <root>/checkpoints (last.ckpt kept), TensorBoard in
@@ -357,14 +475,41 @@ class TreeGRPOCLI(LightningCLI):
         if not any(isinstance(c, CheckpointOnInterrupt) for c in everything):
             callbacks = [*callbacks, CheckpointOnInterrupt()]
         if config.get("logger") in (None, True):
-            config["logger"] = TensorBoardLogger(save_dir=str(root), name="tensorboard", version="")
+            # no placeholder hp_metric: it would open the event file before anything is measured
+            config["logger"] = RunTensorBoardLogger(
+                save_dir=str(root), name="tensorboard", version="", default_hp_metric=False
+            )
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super()._instantiate_trainer(config, callbacks)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; a SIGTERM during validate / test / predict ends in :class:`CommandInterrupted`
+        (nothing was saved: :class:`CheckpointOnInterrupt` writes only during a fit)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except SIGTERMException:
+            if subcommand == "fit":
+                raise  # last.ckpt was written; exits with status 0
+            raise CommandInterrupted(self._interrupted(subcommand)) from None
+        # the last batch was already in flight when the signal came: the loops ended normally
+        if subcommand != "fit" and self.trainer.received_sigterm:
+            raise CommandInterrupted(self._interrupted(subcommand))
+
+    @staticmethod
+    def _interrupted(subcommand: str) -> str:
+        return (
+            f"{subcommand} was stopped by SIGTERM; no checkpoint or config was written (only fit writes "
+            f"them); run {subcommand} again for its results"
+        )
+
     def before_fit(self) -> None:
+        # --overwrite true deletes the earlier run only now that this one's model and trainer are
+        # built: a fit that fails to load keeps the earlier run
+        if self._clear_before_fit is not None:
+            clear_run(self._clear_before_fit)
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:
@@ -383,18 +528,74 @@ class TreeGRPOCLI(LightningCLI):
         self.config_init[self.subcommand]["ckpt_path"] = self._ckpt_path  # what the Trainer receives
 
 
+def _config_files(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """The files given to ``--config`` / ``-c`` in a command line."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            files.append(str(argv[i + 1]))
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+def check_yaml_file(path: str) -> None:
+    """Raise :class:`UserError` naming ``--config path`` when the file is not valid YAML."""
+    if not Path(path).is_file():
+        return  # jsonargparse's own error names the missing file
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8") from err
+    except OSError as err:
+        raise UserError(f"--config {path}: cannot read it: {explain_os_error(err)}") from err
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or first_line(err)
+        raise UserError(f"--config {path}: not valid YAML: {problem}{where}; fix the file") from err
+
+
 # numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
 # too many consecutive skips under skip): explained in one line, exit status 1
 RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
+# what the configuration, the files or the environment got wrong: one line, exit status 2. A
+# ValueError is the project's convention for a bad value (named in its message); every OSError is
+# about a file, a folder or the network; ImportError a missing package
+USER_ERRORS = (UserError, ValueError, OSError, ImportError, MisconfigurationException)
+
+
+def exit_status(err: BaseException) -> int | None:
+    """The status ``main`` exits with after printing ``err`` in one line; None: a bug, which keeps
+    its traceback."""
+    if isinstance(err, RUN_FAULTS):
+        return 1
+    if isinstance(err, CommandInterrupted):
+        return 128 + signal.SIGTERM
+    if isinstance(err, USER_ERRORS):
+        return 2
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    """The message ``main`` prints for ``err``."""
+    if isinstance(err, MisconfigurationException):
+        return f"the trainer's settings (--trainer.*): {first_line(err)}"
+    if isinstance(err, OSError):
+        return explain_os_error(err)
+    return first_line(err)
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console entry: run the CLI; user errors become one line on stderr and exit status 2, a run
-    stopped by a numerical fault one line and status 1."""
+    """Console entry: run the CLI; an error from the configuration, files or environment becomes
+    one line on stderr and exit status 2, a run stopped by a numerical fault one line and status 1,
+    validate / test / predict stopped by SIGTERM one line and status 143."""
     try:
         TreeGRPOCLI(args=args)
-    except (UserError, ValueError, FileNotFoundError, ImportError, *RUN_FAULTS) as err:
+    except (*RUN_FAULTS, CommandInterrupted, *USER_ERRORS) as err:
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"error: {first_line(err)}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        sys.exit(1 if isinstance(err, RUN_FAULTS) else 2)
+        print(f"error: {one_line(err)}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        sys.exit(exit_status(err))

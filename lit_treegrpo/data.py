@@ -47,6 +47,8 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .errors import explain_os_error
+
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "PromptBatch",
@@ -129,7 +131,10 @@ def load_prompts(source: str, *, option: str = "--data.prompts") -> PromptSet:
                 f"{option}: {name} has the unsupported extension '{path.suffix}'; "
                 f"use one of {supported}"
             )
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as err:  # permissions, an I/O error, a file that vanished
+            raise ValueError(f"{option}: cannot read {name}: {explain_os_error(err)}") from err
     elif source in available_prompt_sets():
         name, suffix = f"built-in set '{source}'", ".txt"
         data = resources.files(_BUILTIN_PACKAGE).joinpath(_BUILTIN_FOLDER, f"{source}.txt").read_bytes()
@@ -199,6 +204,11 @@ def _parse_jsonl(text: str, name: str, option: str) -> PromptSet:
             raise ValueError(
                 f"{where} is not valid JSON ({err.msg}); each line must be one object like "
                 '{"prompt": "a photo of a cat"}'
+            ) from None
+        except RecursionError:
+            raise ValueError(
+                f"{where} nests arrays or objects deeper than the JSON parser can follow; each line "
+                'must be one flat object like {"prompt": "a photo of a cat"}'
             ) from None
         if not isinstance(record, dict):
             kind = type(record).__name__
@@ -479,6 +489,9 @@ class PromptDataModule(LightningDataModule):
         """Global index of the first training batch; set from a resumed step counter."""
         self.all_set = load_prompts(prompts, option="--data.prompts")
         self.train_set, self.val_set = self._split()
+        # before anything draws a batch (drawing 10^8 prompts alone takes hours); the world size,
+        # and so how batch_size and global_batch_size relate, is only known in setup
+        self._check_batch_fits(global_batch_size or batch_size or DEFAULT_BATCH_SIZE, 1)
 
     def _split(self) -> tuple[PromptSet, PromptSet]:
         prompts, metadata = self.all_set
@@ -536,9 +549,38 @@ class PromptDataModule(LightningDataModule):
         return (auto_rank if rank is None else rank), (auto_world if world_size is None else world_size)
 
     def per_rank_batch_size(self, world_size: int | None = None) -> int:
-        """Prompts per rank for ``world_size`` data-parallel ranks (default: the current one)."""
+        """Prompts per rank for ``world_size`` data-parallel ranks (default: the current one);
+        refused when a step would draw more prompts than there are training prompts."""
         world = self.data_parallel()[1] if world_size is None else world_size
-        return resolve_batch_size(self.batch_size, self.global_batch_size, world)
+        per_rank = resolve_batch_size(self.batch_size, self.global_batch_size, world)
+        self._check_batch_fits(per_rank, world)
+        return per_rank
+
+    def _check_batch_fits(self, per_rank: int, world: int) -> None:
+        """Refuse a training step of more prompts than the training set holds: it would repeat
+        prompts within the step (as separate groups), and a huge one would take hours to draw."""
+        available = len(self.train_set.prompts)
+        if per_rank * world <= available:
+            return
+        held = len(self.all_set.prompts) - available if self.val_source is None else 0
+        after = f" after holding out {held} for validation" if held else ""
+        if self.global_batch_size is not None:
+            asked = f"--data.global_batch_size {self.global_batch_size} asks"
+        else:
+            default = " (the default)" if self.batch_size is None else ""
+            processes = f" x {world} data-parallel processes" if world > 1 else ""
+            asked = f"--data.batch_size {per_rank}{default}{processes} asks"
+        most = available // world
+        if most < 1:
+            fix = f"use at most {available} data-parallel processes"
+        elif self.global_batch_size is not None:
+            fix = f"use --data.global_batch_size {most * world} or less"
+        else:
+            fix = f"use --data.batch_size {most} or less"
+        raise ValueError(
+            f"{asked} for {per_rank * world} prompts per training step, but '{self.source}' has "
+            f"{available} training prompts{after}; {fix}, or give more prompts"
+        )
 
     def setup(self, stage: str) -> None:
         """Check the batch sizes against the world size, now that the trainer knows it."""

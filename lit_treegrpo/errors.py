@@ -2,8 +2,39 @@
 
 from __future__ import annotations
 
+import errno
+
 
 def first_line(err: BaseException) -> str:
     """The first line of ``err``'s message, or its type's name when the message is empty."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+_DISK_FULL = "free space on that disk, or choose a folder on another one"
+_OS_FIXES = {
+    errno.ENOSPC: _DISK_FULL,
+    errno.EDQUOT: _DISK_FULL,
+    errno.EACCES: "check its permissions, or choose another path",
+    errno.EPERM: "check its permissions, or choose another path",
+    errno.EROFS: "that filesystem is read-only; choose a path on another one",
+    errno.ENOTDIR: "a part of that path is a file, not a folder; move the file or choose another path",
+    errno.EISDIR: "it is a folder where a file is expected; give a file",
+    errno.EEXIST: "something is already there; move it or choose another path",
+    errno.ENOENT: "no such file or folder; check the path",
+    errno.EIO: "the device reported an I/O error; check the disk (or network filesystem)",
+    errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+}
+
+
+def explain_os_error(err: OSError) -> str:
+    """One line for an ``OSError``: the path(s), what the system said, and a fix.
+
+    An ``OSError`` raised by this project with its own one-line message (no ``errno``) keeps it.
+    """
+    if err.errno is None or err.strerror is None:
+        return first_line(err)
+    paths = " -> ".join(str(p) for p in (err.filename, err.filename2) if p is not None)
+    code = errno.errorcode.get(err.errno, str(err.errno))
+    fix = _OS_FIXES.get(err.errno, "check the path, the disk and the network")
+    return f"{paths + ': ' if paths else ''}{err.strerror} ({code}); {fix}"

@@ -43,7 +43,7 @@ from .errors import first_line
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
-from .rewards.base import check_inputs
+from .rewards.base import ZERO_WEIGHTS, check_inputs
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
@@ -165,6 +165,12 @@ def check_settings(
         raise ValueError(
             f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps"
         )
+    if tree.num_leaves == 1:
+        # rewards are normalised among the leaves of a prompt: a single leaf is always 0
+        raise ValueError(
+            f"{prefix}tree has one leaf per prompt (num_trees 1, branching 1), so every advantage "
+            "would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"
+        )
     for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
                         ("val_samples", val_samples)):  # fmt: skip
         if value < 1:
@@ -190,6 +196,8 @@ def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[s
     elif isinstance(reward, dict):
         if not reward:
             raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
+        if all(isinstance(w, (int, float)) and w == 0 for w in reward.values()):
+            raise ValueError(f"reward {reward}: {ZERO_WEIGHTS}")
         names = list(reward)
     else:
         return []

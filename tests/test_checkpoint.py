@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, check_checkpoint
+from lit_treegrpo.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,12 +37,38 @@ def test_a_write_that_fails_halfway_leaves_the_previous_checkpoint_intact(tmp_pa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", half_then_fail)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(OSError) as raised:
         io_plugin.save_checkpoint(_state(2, size=100_000), path)
     monkeypatch.undo()
+    assert str(raised.value) == (
+        f"cannot write the checkpoint {path}: No space left on device (ENOSPC); free space on that disk, "
+        "or choose a folder on another one (the previous last.ckpt is intact)"
+    )
     assert path.read_bytes() == before  # bitwise the previous checkpoint
     assert io_plugin.load_checkpoint(path)["step"] == 1
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # the partial file is gone
+
+
+def test_a_full_disk_reported_by_torchs_zip_writer_is_one_oserror(tmp_path: Path, monkeypatch) -> None:
+    # on a real full disk torch.save raises a RuntimeError ("unexpected pos ...") while closing the
+    # archive, in the handling of the file's OSError; a RuntimeError alone is no disk problem
+    def full_disk(obj, f):
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"cannot write the checkpoint .*last.ckpt: No space left on device \(ENOSPC\).*\(no last.ckpt was written\)"):
+        atomic_save(_state(1), tmp_path / "last.ckpt")
+
+    def bug(obj, f):
+        raise RuntimeError("a bug in torch.save")
+
+    monkeypatch.setattr(torch, "save", bug)
+    with pytest.raises(RuntimeError, match="a bug in torch.save"):
+        atomic_save(_state(1), tmp_path / "last.ckpt")
+    assert list(tmp_path.iterdir()) == []
 
 
 _KILLED_WRITER = """

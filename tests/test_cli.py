@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -79,8 +80,15 @@ def test_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -> None:
     args = ("--trainer.val_check_interval", "100", "--trainer.limit_val_batches", "0")
     fit(full, "--trainer.max_steps", "6", *args)
     fit(part, "--trainer.max_steps", "3", *args)
+    first_record = (part / "tensorboard" / "config.yaml").read_bytes()
     resumed = fit(part, "--trainer.max_steps", "6", "--ckpt_path", "last", *args)
     assert "Resuming from" in resumed.stdout + resumed.stderr
+    # each fit keeps its own record of how it was run; the first is never replaced
+    assert (part / "tensorboard" / "config.yaml").read_bytes() == first_record
+    records = sorted(p.name for p in (part / "tensorboard").glob("config*.yaml"))
+    assert records == ["config-2.yaml", "config.yaml"], records
+    assert "ckpt_path: last" in (part / "tensorboard" / "config-2.yaml").read_text()
+    assert "max_steps: 6" in (part / "tensorboard" / "config-2.yaml").read_text()
     a, b = trainable(full / "checkpoints" / "last.ckpt"), trainable(part / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed parameters differ from the uninterrupted run"
@@ -122,12 +130,23 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monk
 def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
     from lit_treegrpo.cli import main
 
-    base = ["fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)]
-    main([*base, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
+    base = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
+    main([*base, "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
+    before = snapshot(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change])
+        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change, "--trainer.default_root_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+    # refused after the model loaded: still no config record, event file or lock left behind
+    assert snapshot(tmp_path) == before
+    if "--model.adapter" in change:
+        return
+    # the same refusal as a new run in a new folder leaves no folder at all
+    with pytest.raises(SystemExit):
+        main([*base, "--trainer.max_steps", "2", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), *change,
+              "--trainer.default_root_dir", str(tmp_path / "new")])  # fmt: skip
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def _log_to_this_stderr(monkeypatch) -> None:
@@ -138,6 +157,8 @@ def _log_to_this_stderr(monkeypatch) -> None:
         for handler in logger.handlers:
             if type(handler) is logging.StreamHandler:
                 monkeypatch.setattr(handler, "stream", sys.stderr)
+                if "flush" in vars(handler):  # transformers binds its handler's flush to that stderr's
+                    monkeypatch.setattr(handler, "flush", sys.stderr.flush)
 
 
 def _main_error(monkeypatch, capsys, *args: str, code: int = 2) -> str:
@@ -188,6 +209,8 @@ BAD_YAML = """model:
         (["--model.advantage.method", "median"], "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?"),
         (["--model.adapter.init_args.num_step", "4"], "--model.adapter.init_args.num_step: lit_treegrpo.models.tiny.TinySD3Adapter takes no option 'num_step'; did you mean num_steps?"),
         (["--model.faults.nonfinite", "skp"], "got 'skp'; did you mean skip?"),
+        (["--model.optimizer.lr", "nan"], "--model.optimizer.init_args.lr: 'nan' is none of float, Tensor; fix the value"),
+        (["--model.adapter.init_args.noise_level", "nan"], "--model.adapter.init_args.noise_level: expected float, got 'nan'; fix the value"),
     ],
 )
 def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
@@ -240,6 +263,14 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
          "--data.global_batch_size 3 is not divisible by the 2 data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of 2 (2 or 4)"),
         (["--data.global_batch_size", "4"], "--data.batch_size 2 and --data.global_batch_size 4 disagree"),
         (["--ckpt_path", "last"], "--ckpt_path last: no checkpoint at"),
+        (["--ckpt_path", ""], "--ckpt_path: empty; give a checkpoint file, or last, or leave the option out"),
+        (["--data.batch_size", "100000000"], "--data.batch_size 100000000 asks for 100000000 prompts per training step, but "
+         "'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less"),
+        (["--model.optimizer.lr", ".nan"], "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a number"),
+        (["--model.tree.branching", "1"], "--model.tree has one leaf per prompt (num_trees 1, branching 1), so every "
+         "advantage would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"),
+        (["--model.reward", "{brightness: 0, shapes: 0}"], "--model.reward: reward {'brightness': 0.0, 'shapes': 0.0}: every reward "
+         "weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"),
     ],
 )
 def test_model_free_errors_come_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
@@ -263,6 +294,91 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
     assert f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+
+
+class Opaque:
+    """An object torch's safe unpickler refuses (it is no tensor, container or number)."""
+
+
+def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
+    """Arguments that feed the bad input ``kind``, and the start of the one line it must give."""
+    if kind == "root dir below a file":
+        (tmp_path / "file").write_text("not a folder")
+        root = tmp_path / "file" / "run"
+        return ["--trainer.default_root_dir", str(root)], (
+            f"--trainer.default_root_dir: cannot create or lock {root}: {root}: Not a directory (ENOTDIR); a part of "
+            "that path is a file, not a folder; move the file or choose another path")
+    if kind == "YAML syntax":
+        bad = tmp_path / "broken.yaml"
+        bad.write_text("model:\n  tree: [\n")
+        return ["--config", str(bad)], f"--config {bad}: not valid YAML: "  # then PyYAML's words (C or Python parser)
+    if kind == "checkpoint folder":
+        (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "old" / "checkpoints" / "last.ckpt").write_bytes(b"")
+        return ["--ckpt_path", str(tmp_path / "old")], (
+            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {tmp_path / 'old' / 'checkpoints' / 'last.ckpt'}, or last")
+    path = tmp_path / "other.ckpt"
+    if kind == "torch file, no Lightning checkpoint":
+        torch.save({"w": torch.zeros(3)}, path)
+        return ["--ckpt_path", str(path)], (
+            f"--ckpt_path: {path} is a torch file but no Lightning checkpoint (it holds the keys 'w', not 'state_dict' and "
+            "'pytorch-lightning_version'); pass a checkpoint written by fit")
+    assert kind == "unpickling refused"
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
+    return ["--ckpt_path", str(path)], (
+        f"--ckpt_path: {path} holds objects that torch.load refuses to unpickle safely (Unsupported global: GLOBAL "
+        "tests.test_cli.Opaque); it was not written by this project's fit")
+
+
+@pytest.mark.parametrize(
+    "kind", ["root dir below a file", "YAML syntax", "checkpoint folder", "torch file, no Lightning checkpoint", "unpickling refused"]
+)
+def test_file_errors_are_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, kind: str) -> None:
+    args, message = _bad_input(kind, tmp_path)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path / "run"), *args)
+    assert line.startswith(f"error: {message}"), line
+    if kind == "YAML syntax":
+        assert line.endswith("at line 3, column 1; fix the file  (set LIT_TREEGRPO_DEBUG=1 for the traceback)"), line
+
+
+def _full_disk(obj: Any, f: Any) -> None:
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("kind", "args", "message"),
+    [
+        ("Lightning's MisconfigurationException", ["--trainer.devices", "0"],
+         "error: the trainer's settings (--trainer.*): `Trainer(devices='0')` value is not a valid input using cpu accelerator"),
+        ("a model not in the hub cache, offline", ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
+         "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read"),
+        ("a full disk during the save", ["--trainer.max_steps", "1"],
+         "error: cannot write the checkpoint ROOT/checkpoints/last.ckpt: No space left on device (ENOSPC); free space on that disk"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else "",
+)
+def test_environment_errors_are_one_line_with_status_2(tmp_path: Path, capsys, monkeypatch, kind: str, args: list[str], message: str) -> None:
+    if kind == "a full disk during the save":
+        monkeypatch.setattr(torch, "save", _full_disk)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0",
+                       "--trainer.default_root_dir", str(tmp_path), *args)  # fmt: skip
+    assert line.replace(str(tmp_path), "ROOT").startswith(message), line
+
+
+def test_predict_into_a_file_where_its_folder_goes_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "predictions").write_text("not a folder")
+    line = _main_error(monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
+    assert line.startswith(f"error: {tmp_path / 'predictions'}: File exists (EEXIST); something is already there; move it"), line
+
+
+def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
+    from lit_treegrpo.cli import DEBUG_ENV, main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    raising = '{"class_path": "tests.probes.FlakyReward", "init_args": {"raise_on": [0]}}'
+    with pytest.raises(RuntimeError, match=r"reward service unavailable \(call 0\)"):  # not turned into a line
+        main(["fit", "--config", str(TINY), *QUIET, "--model.reward", raising, "--trainer.callbacks=[]",
+              "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
 
 
 def test_a_tree_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -513,3 +629,56 @@ def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(tmp
 
 def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signal.SIGTERM, "training")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (hidden ones included), by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(tmp_path: Path, uninterrupted: Path, command: str) -> None:
+    # the README's `validate --config ...` runs in the fit's own folder: a checkpoint written on
+    # its interrupt would replace the trained last.ckpt with the untrained weights
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(uninterrupted, root)
+    before = snapshot(root)
+    assert "checkpoints/last.ckpt" in before and "tensorboard/config.yaml" in before
+    gate = tmp_path / "gate"
+    probe = '{"class_path": "tests.probes.GateInEval", "init_args": {"folder": "%s"}}' % gate
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LIT_TREEGRPO_DEBUG", None)
+    command_line = [sys.executable, "-m", "lit_treegrpo", command, "--config", str(TINY), *QUIET,
+                    "--trainer.callbacks+", probe, "--trainer.default_root_dir", str(root)]  # fmt: skip
+    proc = subprocess.Popen(command_line, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (gate / "inside").exists():  # held inside the first evaluation batch
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, f"{command} never reached its first batch"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    (gate / "go").touch()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors and errors[-1].startswith(f"error: {command} was stopped by SIGTERM; no checkpoint or config was written"), err[-2000:]
+    assert "Traceback" not in err and "checkpoint written to" not in err
+    after = snapshot(root)
+    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
+    assert all(after[k] == before[k] for k in before), [k for k in before if after[k] != before[k]]
+
+
+def test_sigterm_during_predict_stops_before_the_next_batch_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    # Lightning's predict loop never looks at SIGTERM: without CheckpointOnInterrupt's check it
+    # would predict every prompt and exit 0
+    root = tmp_path / "run"
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"the trained weights")
+    before = snapshot(root)
+    probe = '{"class_path": "tests.probes.SignalInEval", "init_args": {"batch": 0}}'
+    line = _main_error(monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.callbacks+", probe,
+                       "--trainer.default_root_dir", str(root), code=143)  # fmt: skip
+    assert line.startswith("error: predict was stopped by SIGTERM; no checkpoint or config was written"), line
+    assert snapshot(root) == before  # not even the first batch's images

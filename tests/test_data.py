@@ -4,6 +4,7 @@ and the DataLoader / Trainer integration of :mod:`lit_treegrpo.data`."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -125,6 +126,7 @@ BAD_FILES = [
     ("header.csv", b"prompt,style\n", r"has a header but no prompt rows"),
     ("ragged.csv", b"prompt,style\na cat,photo,extra\n", r"line 2 has 3 fields but the header has 2"),
     ("prompts.json", b'[{"prompt": "a"}]', r"unsupported extension '\.json'; use one of \.txt .*\.csv"),
+    ("deep.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n", r"deep\.jsonl line 1 nests arrays or objects deeper than"),
 ]
 
 
@@ -133,6 +135,20 @@ def test_bad_prompt_files_name_the_option_and_the_fix(tmp_path: Path, name: str,
     path = write(tmp_path / name, data)
     with pytest.raises(ValueError, match=r"^--data\.prompts: .*" + message):
         PromptDataModule(path)
+
+
+def test_a_prompt_file_that_cannot_be_read_names_the_option_the_file_and_the_fix(tmp_path: Path, monkeypatch) -> None:
+    path = Path(write(tmp_path / "p.txt", "a cat\n"))
+
+    def unreadable(self: Path) -> bytes:  # as for a file without read permission (tests run as root here)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    with pytest.raises(ValueError) as raised:
+        PromptDataModule(str(path))
+    assert str(raised.value) == (
+        f"--data.prompts: cannot read {path}: {path}: Permission denied (EACCES); check its permissions, or choose another path"
+    )
 
 
 def test_missing_file_lists_builtin_sets(tmp_path: Path) -> None:
@@ -206,10 +222,36 @@ def test_no_train_prompts_left_after_hold_out(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--data\.prompts: all 1 distinct prompt\(s\) .* held out .* "
                        r"set --data\.val_fraction 0 or give a separate --data\.val_prompts"):
         PromptDataModule(path, val_fraction=0.05)
-    # the fixes it names both work, and fewer prompts than a global batch is fine: the stream wraps
-    assert PromptDataModule(path, val_fraction=0.0).train_dataset(1, 2).batch(3).prompts == ["a cat"] * 4
-    with_val_file = PromptDataModule(path, val_prompts="shapes")
+    # the fixes it names both work; the stream wraps around its prompts from one step to the next
+    assert PromptDataModule(path, val_fraction=0.0, batch_size=1).train_dataset(1, 2).batch(3).prompts == ["a cat"]
+    with_val_file = PromptDataModule(path, val_prompts="shapes", batch_size=2)
     assert with_val_file.val_set.prompts[:2] == ["a red circle", "a red square"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "world", "message"),
+    [
+        (dict(batch_size=100_000_000), 1, "--data.batch_size 100000000 asks for 100000000 prompts per training step, "
+         "but 'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less"),
+        (dict(), 1, "--data.batch_size 4 (the default) asks for 4 prompts per training step, but 'TWO' has 2 "
+         "training prompts; use --data.batch_size 2 or less, or give more prompts"),
+        (dict(batch_size=2), 2, "--data.batch_size 2 x 2 data-parallel processes asks for 4 prompts per training step, "
+         "but 'TWO' has 2 training prompts; use --data.batch_size 1 or less"),
+        (dict(global_batch_size=4), 2, "--data.global_batch_size 4 asks for 4 prompts per training step, but 'TWO' "
+         "has 2 training prompts; use --data.global_batch_size 2 or less"),
+        (dict(batch_size=1), 3, "--data.batch_size 1 x 3 data-parallel processes asks for 3 prompts per training step, "
+         "but 'TWO' has 2 training prompts; use at most 2 data-parallel processes"),
+    ],
+)
+def test_a_batch_larger_than_the_training_prompts_is_refused_before_any_draw(tmp_path: Path, kwargs, world, message) -> None:
+    two = write(tmp_path / "two.txt", "a cat\na dog\n")
+    source = "shapes" if kwargs.get("batch_size") == 100_000_000 else two
+    start = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        dm = PromptDataModule(source, **kwargs, **({} if source == "shapes" else {"val_fraction": 0.0}))
+        dm.train_dataset(rank=0, world_size=world).batch(0)  # drawing 10^8 prompts took hours
+    assert str(raised.value).replace(two, "TWO").startswith(message), str(raised.value)
+    assert time.monotonic() - start < 5
 
 
 # -- split --------------------------------------------------------------------------------------

@@ -38,6 +38,10 @@ class NonFiniteRewardError(ValueError):
     """A reward produced NaN or infinite scores."""
 
 
+#: why a mapping of reward weights that are all 0 is refused
+ZERO_WEIGHTS = "every reward weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"
+
+
 class RewardLoadError(OSError):
     """Weights, a tokenizer or a checkpoint could not be found or loaded (one-line message)."""
 
@@ -363,6 +367,8 @@ class MultiReward(RewardModel):
         bad = [k for k, w in weights.items() if not math.isfinite(float(w))]
         if bad:
             raise ValueError(f"MultiReward: weights of {bad} are not finite")
+        if all(float(w) == 0 for w in weights.values()):
+            raise ValueError(f"MultiReward: {ZERO_WEIGHTS}")
         self.rewards = nn.ModuleDict(dict(rewards))
         self.weights = {k: float(weights[k]) for k in rewards}
         self.aggregate = aggregate
