@@ -583,7 +583,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--eval-every, --eval-seeds and --batch-size must be >= 1")
     if args.sweep and args.lr is not None:
         p.error("--sweep tries each method's learning-rate grid; leave out --lr")
-    if not args.sweep and set(args.seed_list) & set(SWEEP_SEEDS):
+    if not (args.sweep or args.runs_only) and set(args.seed_list) & set(SWEEP_SEEDS):
         p.error(f"seeds {sorted(set(args.seed_list) & set(SWEEP_SEEDS))} chose the learning rates (--sweep); "
                 "report other seeds")  # fmt: skip
     known = methods(window_every=10)

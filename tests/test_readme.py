@@ -62,3 +62,15 @@ def test_the_results_table_quotes_the_committed_benchmark_outputs() -> None:
         assert cells[1].replace("*", "").startswith(f"{r['seconds_per_iteration']['total']['mean']:.3g} "), name
         assert cells[3] == f"{r['speedup_vs_dancegrpo']['time_per_iteration']:.3g}x", name
         assert f"→ {r['reward_end']['mean']:.3g} " in cells[4].replace("*", "") + " ", name
+
+
+def test_the_results_quote_the_committed_sweep_and_step_noise_tables() -> None:
+    """README "Results": the learning-rate sweep and the per-step noise diagnostic are the tables
+    the benchmarks wrote (benchmarks/results/shapes_cpu/sweep.md, results/step_noise/step_noise.md)."""
+    section = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    results = README.parent / "benchmarks" / "results"
+    for table in (results / "shapes_cpu" / "sweep.md", results / "step_noise" / "step_noise.md"):
+        rows = [line for line in table.read_text().splitlines() if line.startswith("| ")]
+        assert rows, table
+        for row in rows:
+            assert row in section, f"{table.name}: {row}"
