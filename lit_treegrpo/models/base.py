@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.steps import StepOutput
+from ..hub import require_hub
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first
@@ -37,8 +38,14 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def load_component(cls: Any, path_or_id: str, subfolder: str | None, **kwargs: Any) -> Any:
-    """``cls.from_pretrained`` with a one-line error that names what is missing, offline included."""
+    """``cls.from_pretrained`` with a one-line error that names what is missing, offline included.
+
+    A hub id is looked up in the local cache first; only if it is not there is the hub asked, and
+    only once a probe has found the hub reachable, so that no network fails in seconds, not minutes."""
+    hub_id = not Path(path_or_id).expanduser().is_dir() and not path_or_id.startswith(("/", ".", "~"))
     try:
+        if hub_id:
+            require_hub(path_or_id)  # not cached and no network: fail now, not after minutes of retries
         return cls.from_pretrained(path_or_id, subfolder=subfolder, **kwargs)
     except (OSError, ValueError) as err:  # diffusers / transformers raise these for missing files
         where = path_or_id + (f" (subfolder {subfolder!r})" if subfolder else "")

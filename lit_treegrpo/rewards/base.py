@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from lit_treegrpo.core.advantages import normalize_per_group
 from lit_treegrpo.errors import first_line
+from lit_treegrpo.hub import require_hub
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -174,12 +175,16 @@ def looks_like_path(name_or_path: str | Path) -> bool:
     return isinstance(name_or_path, Path) or str(name_or_path).startswith(("/", "./", "../", "~"))
 
 
-def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T]) -> T:
+def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], repo_id: str | None = None) -> T:
     """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
-    cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path."""
+    cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
+    hub repository (``repo_id``, default ``name_or_path``) that is not cached fails in seconds when
+    the hub cannot be reached (:func:`lit_treegrpo.hub.require_hub`)."""
     if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
         raise RewardLoadError(f"cannot load {what}: no such file or folder '{name_or_path}'")
     try:
+        if not Path(name_or_path).expanduser().exists():
+            require_hub(repo_id or str(name_or_path))
         return load()
     except OSError as err:
         local = Path(name_or_path).exists()
@@ -204,7 +209,7 @@ def resolve_file(spec: str | Path, what: str) -> Path:
     from huggingface_hub import hf_hub_download
 
     repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
-    return Path(load_or_explain(what, spec, lambda: hf_hub_download(repo, filename)))
+    return Path(load_or_explain(what, spec, lambda: hf_hub_download(repo, filename), repo_id=repo))
 
 
 def load_tokenizer(name_or_path: str | Path, what: str):

@@ -1,0 +1,52 @@
+"""Hugging Face hub look-ups that fail in seconds without a network.
+
+Without ``HF_HUB_OFFLINE`` and without a network, the hub clients retry for minutes before they
+give up. Every loader here first checks the local cache; only a repository that is not cached is
+fetched, and only once one bounded connection probe has found the hub's endpoint reachable.
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlparse
+
+PROBE_SECONDS = 5.0
+"""How long a probe waits for a TCP connection to the hub before counting it as unreachable."""
+
+
+def hub_reachable(timeout: float = PROBE_SECONDS) -> bool:
+    """Whether a TCP connection to the hub's endpoint (``HF_ENDPOINT``) opens within ``timeout``."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether a snapshot of ``repo_id`` lies in the local hub cache (no network involved)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot_download(repo_id, local_files_only=True)
+    except LocalEntryNotFoundError:
+        return False
+    return True
+
+
+def require_hub(repo_id: str) -> None:
+    """Raise ``OSError`` at once when ``repo_id`` is not cached and the hub cannot be asked
+    (``HF_HUB_OFFLINE`` set, or the probe failed); return when loading it can go ahead."""
+    from huggingface_hub import constants
+
+    if in_hub_cache(repo_id):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise OSError(f"{repo_id} is not in the local hub cache and HF_HUB_OFFLINE is set")
+    if not hub_reachable():
+        raise OSError(f"{repo_id} is not in the local hub cache and {constants.ENDPOINT} is unreachable")
