@@ -308,6 +308,7 @@ class TreeGRPOModule(LightningModule):
         self.memory_guard = memory_guard
         self.fault_counts = dict.fromkeys(FAULT_COUNTERS, 0)  # restored from checkpoints
         self._memory_checked = False  # once per fit, before the first rollout
+        self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
@@ -463,6 +464,15 @@ class TreeGRPOModule(LightningModule):
         self.fault_counts["zero_std_groups"] += zero_std_all
         cause = failure or (f"non-finite rewards for prompts {names[:8]}" if dropped else None)
         faulty = bool(failed or dropped_all)  # the same on every rank
+        if not kept and not failed and not dropped_all and not self._warned_nothing_kept:
+            self._warned_nothing_kept = True
+            warnings.warn(
+                f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this "
+                f"step trains nothing ({self.pruning}); check --model.pruning or the PruningSchedule "
+                "callback (warned once)",
+                UserWarning,
+                stacklevel=2,
+            )
         if failed or (not kept and dropped_all):  # a fault left nothing to train, on every rank
             stats = None
             updated = False

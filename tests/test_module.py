@@ -435,3 +435,13 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     saved["tree"]["branching"] = 3  # still another tree is refused
     with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
+
+
+def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
+    # SPEC's edges have depths 0 and 1; dropping depths [0, 2) leaves nothing to train
+    model = module(pruning=PruningConfig(depth_window=(0, 2), depth_mode="drop"))
+    before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
+    with pytest.warns(UserWarning, match=r"pruning kept none of the 12 edges, so this step trains nothing") as caught:
+        fit(model, 2, tmp_path, max_epochs=1, limit_train_batches=2)
+    assert sum("pruning kept none" in str(w.message) for w in caught) == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))
