@@ -631,6 +631,9 @@ def sweep(args: argparse.Namespace, known: dict[str, Method]) -> dict[str, Any]:
         best = max(grid, key=lambda g: g["mean"])
         report["methods"][name] = {"grid": grid, "chosen_lr": best["lr"], "seeds": args.seed_list,
                                    "follows": known[name].follows}  # fmt: skip
+    if path.is_file():  # another process may have added methods while these ran
+        earlier = json.loads(path.read_text())["methods"]
+        report["methods"] = {**{k: v for k, v in earlier.items() if k not in args.methods}, **report["methods"]}
     report["methods"] = {name: report["methods"][name] for name in known if name in report["methods"]}
     path.write_text(json.dumps(report, indent=2))
     text = sweep_table(report)
