@@ -14,7 +14,7 @@ Faults (:class:`FaultPolicy`): NaN / inf rewards, a reward call that raises, a n
 gradient either stop the run with a message naming them (``error``) or are skipped and counted
 (``skip``). Decisions that change the number of backward passes or optimizer steps are taken
 together by all data-parallel ranks, so that no collective waits for a rank that skipped.
-Before the first rollout, :class:`MemoryGuard` refuses a tree that cannot fit in memory.
+Before the first batch is drawn, :class:`MemoryGuard` refuses a tree that cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class FaultPolicy:
 
 @dataclass(frozen=True)
 class MemoryGuard:
-    """Before the first rollout, estimate its peak memory from the tree's shape
+    """Before the first batch is drawn, estimate its peak memory from the tree's shape
     (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit."""
 
     enabled: bool = True
@@ -784,6 +784,23 @@ class TreeGRPOModule(LightningModule):
     def on_fit_start(self) -> None:
         self._memory_checked = False
         self._sync_data_stream()
+        self._check_memory_before_data()
+
+    def _check_memory_before_data(self) -> None:
+        """The memory guard before the first batch is drawn (and before the sanity check's
+        sampling): the prompts per rank come from the datamodule, the conditioning's size from one
+        training prompt. Without a :class:`PromptDataModule` the check waits for the first step."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if not self.memory_guard.enabled or not hasattr(datamodule, "per_rank_batch_size"):
+            return
+        num_prompts = datamodule.per_rank_batch_size()
+        train_prompts = datamodule.train_set.prompts
+        device = self.adapter.device
+        with torch.no_grad():
+            cond = self.adapter.encode_prompts(train_prompts[:1])
+            noise = self.adapter.initial_noise(1, torch.Generator(device).manual_seed(0))  # [1, *S]
+        self._check_memory(self.tree.at(self.iteration), cond, noise, num_prompts)
+        self._memory_checked = True
 
     def _sync_data_stream(self) -> None:
         """Start the prompt stream where the module is (0, or the resumed iteration)."""

@@ -381,12 +381,18 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
               "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
 
 
-def test_a_tree_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_path: Path, capsys, monkeypatch) -> None:
+    from lit_treegrpo.data import PromptStream
+
+    drawn = []
+    batch = PromptStream.batch
+    monkeypatch.setattr(PromptStream, "batch", lambda self, k: drawn.append(k) or batch(self, k))
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb", "1e-6",
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith("error: memory guard: one rollout needs about "), line
     assert "but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B); lower --data.batch_size" in line
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert drawn == []  # the estimate came before the prompt stream drew anything
 
 
 def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:
