@@ -70,36 +70,6 @@ class GateInStep(pl.Callback):
             del pl_module.adapter.predict  # the adapter's own method again
 
 
-class GateInEval(pl.Callback):
-    """Holds the first validation / test / predict batch: touches ``<folder>/inside``, then waits
-    until ``<folder>/go`` exists, so that a test's signal is known to arrive during evaluation."""
-
-    def __init__(self, folder: str, timeout_s: float = 300.0) -> None:
-        self.folder = Path(folder)
-        self.timeout_s = timeout_s
-
-    def _hold(self) -> None:
-        inside = self.folder / "inside"
-        if inside.exists():
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        inside.touch()
-        deadline = time.monotonic() + self.timeout_s
-        while not (self.folder / "go").exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"GateInEval: nobody created {self.folder / 'go'}")
-            time.sleep(0.01)
-
-    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._hold()
-
-    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._hold()
-
-    def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._hold()
-
-
 class SignalInEval(pl.Callback):
     """Sends this process SIGTERM at the start of evaluation / predict batch ``batch``, as a
     ``kill`` arriving there would (Lightning's handler only records it)."""

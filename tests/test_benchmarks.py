@@ -61,6 +61,7 @@ def test_compare_methods_writes_results_plots_and_a_table_of_the_same_numbers(tm
     )
 
 
+@pytest.mark.slow  # trains every rate of a grid, then the comparison
 def test_compare_methods_sweep_chooses_each_methods_best_rate_and_the_comparison_reads_it(tmp_path: Path) -> None:
     common = ["--out", str(tmp_path), "--nfe-budget", "200", "--batch-size", "1", "--eval-every", "1",
               "--eval-seeds", "1", "--threads", "1"]  # fmt: skip

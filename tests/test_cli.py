@@ -75,6 +75,7 @@ def test_tiny_fit_logs_a_sample_grid_and_reward_scalars(tmp_path: Path) -> None:
     assert ckpt.stat().st_size < 2_000_000
 
 
+@pytest.mark.slow  # real processes killed and resumed: minutes on 2 cores
 def test_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -> None:
     full, part = tmp_path / "full", tmp_path / "part"
     args = ("--trainer.val_check_interval", "100", "--trainer.limit_val_batches", "0")
@@ -628,11 +629,13 @@ def _interrupt_and_resume(root: Path, reference: Path, signum: int, phase: str) 
     assert [v for _, v in scalars(root / "part", "loss")] == [v for _, v in scalars(reference, "loss")]
 
 
+@pytest.mark.slow  # real processes killed and resumed: minutes on 2 cores
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path, signum) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signum, "rollout")
 
 
+@pytest.mark.slow  # real processes killed and resumed: minutes on 2 cores
 def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signal.SIGTERM, "training")
 
@@ -643,37 +646,22 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("command", ["validate", "test"])
-def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(tmp_path: Path, uninterrupted: Path, command: str) -> None:
+def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(tmp_path: Path, capsys, monkeypatch, command: str) -> None:
     # the README's `validate --config ...` runs in the fit's own folder: a checkpoint written on
     # its interrupt would replace the trained last.ckpt with the untrained weights
-    import shutil
+    from lit_treegrpo.cli import main
 
     root = tmp_path / "run"
-    shutil.copytree(uninterrupted, root)
+    _log_to_this_stderr(monkeypatch)
+    main(["fit", "--config", str(TINY), *QUIET, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+          "--trainer.default_root_dir", str(root)])  # fmt: skip
     before = snapshot(root)
     assert "checkpoints/last.ckpt" in before and "tensorboard/config.yaml" in before
-    gate = tmp_path / "gate"
-    probe = '{"class_path": "tests.probes.GateInEval", "init_args": {"folder": "%s"}}' % gate
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("LIT_TREEGRPO_DEBUG", None)
-    command_line = [sys.executable, "-m", "lit_treegrpo", command, "--config", str(TINY), *QUIET,
-                    "--trainer.callbacks+", probe, "--trainer.default_root_dir", str(root)]  # fmt: skip
-    proc = subprocess.Popen(command_line, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (gate / "inside").exists():  # held inside the first evaluation batch
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, f"{command} never reached its first batch"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    (gate / "go").touch()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-2000:]
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert errors and errors[-1].startswith(f"error: {command} was stopped by SIGTERM; no checkpoint or config was written"), err[-2000:]
-    assert "Traceback" not in err and "checkpoint written to" not in err
-    after = snapshot(root)
-    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
-    assert all(after[k] == before[k] for k in before), [k for k in before if after[k] != before[k]]
+    probe = '{"class_path": "tests.probes.SignalInEval", "init_args": {"batch": 0}}'
+    line = _main_error(monkeypatch, capsys, command, "--config", str(TINY), *QUIET, "--trainer.callbacks+", probe,
+                       "--trainer.default_root_dir", str(root), code=143)  # fmt: skip
+    assert line.startswith(f"error: {command} was stopped by SIGTERM; no checkpoint or config was written"), line
+    assert snapshot(root) == before
 
 
 def test_sigterm_during_predict_stops_before_the_next_batch_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
