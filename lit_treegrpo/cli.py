@@ -61,15 +61,7 @@ from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
 from .data import PromptDataModule
 from .errors import explain_os_error, first_line
-from .module import (
-    AdvantageSettings,
-    FaultLimitError,
-    FaultPolicy,
-    MemoryGuard,
-    TreeGRPOModule,
-    check_reward_names,
-    check_settings,
-)
+from .module import FaultLimitError, TreeGRPOModule, check_reward_names
 from .rewards import NonFiniteRewardError
 from .run_folder import (
     RunConfigRecord,
@@ -80,6 +72,7 @@ from .run_folder import (
     clear_run,
     launch_rank,
 )
+from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
