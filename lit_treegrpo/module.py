@@ -42,8 +42,7 @@ from .data import PromptBatch
 from .errors import first_line
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
-from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
-from .rewards.base import ZERO_WEIGHTS, check_inputs
+from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
@@ -69,28 +68,6 @@ class RolloutMemoryError(ValueError):
 
 
 FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
-
-
-def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
-    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to,
-    checked without loading anything: known names, ``reward_kwargs`` naming only those, and every
-    extra package they need installed. A ready RewardModel (or a class spec) gives ``[]``."""
-    if isinstance(reward, str):
-        names = [reward]
-    elif isinstance(reward, dict):
-        if not reward:
-            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
-        if all(isinstance(w, (int, float)) and w == 0 for w in reward.values()):
-            raise ValueError(f"reward {reward}: {ZERO_WEIGHTS}")
-        names = list(reward)
-    else:
-        return []
-    unknown = set(kwargs) - set(names)
-    if unknown:
-        raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {names}")
-    for name in names:
-        check_reward_available(name)
-    return names
 
 
 class TreeGRPOModule(LightningModule):
@@ -256,14 +233,8 @@ class TreeGRPOModule(LightningModule):
         Under the ``error`` policy a NaN / inf score raises (naming the reward and the prompts);
         under ``skip`` it comes back as is, and the caller drops the prompts it belongs to.
         """
-        check = self.faults.nonfinite == "error"
-        if isinstance(self.reward, MultiReward):  # the total plus its named components
-            scores = self.reward.score(images, prompts, check=check)
-            return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
-        if check:
-            return self.reward(images, prompts).float(), {}
-        check_inputs(images, prompts, self.reward.name)  # malformed images stay errors
-        return self.reward.raw_scores(images, prompts).float(), {}
+        scores = self.reward.score(images, prompts, check=self.faults.nonfinite == "error")
+        return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
 
     def _score_or_skip(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor], str | None]:
         """:meth:`_score`; under ``skip`` a reward call that raises gives NaN rewards and the
@@ -734,21 +705,6 @@ class TreeGRPOModule(LightningModule):
         # checkpoints from before the fault counters existed start them at 0
         self.fault_counts = {**dict.fromkeys(FAULT_COUNTERS, 0), **saved.get("faults", {})}
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
-
-
-def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
-    """A RewardModel from a name, a name -> weight mapping, or a ready model (validated early)."""
-    names = check_reward_names(reward, kwargs)
-    if isinstance(reward, str):
-        return build_reward(reward, **kwargs.get(reward, {}))
-    if isinstance(reward, dict):
-        models = {name: build_reward(name, **kwargs.get(name, {})) for name in names}
-        return MultiReward(models, weights=dict(reward))
-    if not isinstance(reward, RewardModel):
-        raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
-    if kwargs:
-        raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
-    return reward
 
 
 _LOSS_STATS = ("loss", "policy_loss", "kl", "ratio_mean", "clip_frac", "approx_kl")
