@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .core.advantages import tree_advantages
 from .core.loss import ClippedPolicyLoss
-from .core.memory import cond_row_bytes, format_bytes, rollout_memory
+from .core.memory import available_memory, cond_row_bytes, format_bytes, rollout_memory
 from .core.pruning import PruningConfig, prune
 from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
 from .core.spec import TreeSpec
@@ -582,16 +582,8 @@ class TreeGRPOModule(LightningModule):
         """(bytes available to this rank, where the number comes from)."""
         if self.memory_guard.available_gb is not None:
             return int(self.memory_guard.available_gb * 1e9), "--model.memory_guard.available_gb"
-        device = self.adapter.device
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[0], f"free on {device}"
-        if device.type != "cpu":
-            return None, f"not measured on {device.type}"
-        available = _mem_available()
-        processes = max(self.trainer.num_devices, 1)  # processes of this node share its memory
-        if available is None:
-            return None, "MemAvailable unknown"
-        return available // processes, f"MemAvailable / {processes} process(es) of this node"
+        # the processes of this node share its memory
+        return available_memory(self.adapter.device, processes=max(self.trainer.num_devices, 1))
 
     # ------------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -733,20 +725,6 @@ def _constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> 
     hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
     lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
     return hi == lo
-
-
-def _mem_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (Linux), else psutil's, else None."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB
-    try:
-        import psutil
-    except ImportError:  # optional: without it (and without /proc) the guard cannot measure
-        return None
-    return int(psutil.virtual_memory().available)
 
 
 def _slug(text: str, length: int = 40) -> str:
