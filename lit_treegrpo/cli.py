@@ -61,7 +61,8 @@ from .core.pruning import PruningConfig
 from .core.spec import TreeSpec
 from .data import PromptDataModule
 from .errors import explain_os_error, first_line
-from .module import FaultLimitError, TreeGRPOModule
+from .faults import FaultLimitError
+from .module import TreeGRPOModule
 from .rewards import NonFiniteRewardError, check_reward_names
 from .run_folder import (
     RunConfigRecord,

@@ -10,17 +10,16 @@ Randomness is a pure function of ``(seed, iteration, global prompt position)``: 
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
 data-parallel run samples what one process with the same global batch samples.
 
-Faults (:class:`FaultPolicy`): NaN / inf rewards, a reward call that raises, a non-finite loss or
-gradient either stop the run with a message naming them (``error``) or are skipped and counted
-(``skip``). Decisions that change the number of backward passes or optimizer steps are taken
-together by all data-parallel ranks, so that no collective waits for a rank that skipped.
-Before the first batch is drawn, :class:`MemoryGuard` refuses a tree that cannot fit in memory.
+Faults (:class:`~lit_treegrpo.settings.FaultPolicy`): NaN / inf rewards, a reward call that raises,
+a non-finite loss or gradient either stop the run with a message naming them (``error``) or are
+skipped and counted (``skip``); :class:`~lit_treegrpo.faults.FaultLedger` takes those decisions,
+together for all data-parallel ranks, and keeps the counters. Before the first batch is drawn,
+:class:`~lit_treegrpo.settings.MemoryGuard` refuses a tree that cannot fit in memory.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import warnings
 import zlib
 from dataclasses import asdict
@@ -33,17 +32,18 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from .core.advantages import tree_advantages
-from .core.loss import ClippedPolicyLoss
+from .core.loss import ClippedPolicyLoss, LossOutput
 from .core.memory import available_memory, cond_row_bytes, format_bytes, rollout_memory
 from .core.pruning import PruningConfig, prune
 from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
 from .core.spec import TreeSpec
 from .data import PromptBatch
-from .errors import first_line
+from .faults import FaultLedger, Scored, Screened, StepPlan
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
+from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
@@ -55,19 +55,9 @@ warnings.filterwarnings("ignore", message=r".*does not have many workers which m
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-class FaultWarning(RuntimeWarning):
-    """A fault that the ``skip`` policy skipped (the message says what and where)."""
-
-
-class FaultLimitError(RuntimeError):
-    """Too many consecutive training steps were skipped because of faults."""
-
-
 class RolloutMemoryError(ValueError):
     """The memory guard refused a tree that cannot fit (a configuration error)."""
 
-
-FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
 
 
 class TreeGRPOModule(LightningModule):
@@ -167,12 +157,17 @@ class TreeGRPOModule(LightningModule):
         self.val_samples = val_samples
         self.faults = faults
         self.memory_guard = memory_guard
-        self.fault_counts = dict.fromkeys(FAULT_COUNTERS, 0)  # restored from checkpoints
+        self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
         self._memory_checked = False  # once per fit, before the first rollout
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
+
+    @property
+    def fault_counts(self) -> dict[str, int]:
+        """The fault counters (:data:`lit_treegrpo.faults.FAULT_COUNTERS`), logged as ``faults/*``."""
+        return self.fault_ledger.counts
 
     # ------------------------------------------------------------------------ sharding
     def configure_model(self) -> None:
@@ -231,64 +226,58 @@ class TreeGRPOModule(LightningModule):
         """Total reward [L] float32 and its components (empty for a single reward).
 
         Under the ``error`` policy a NaN / inf score raises (naming the reward and the prompts);
-        under ``skip`` it comes back as is, and the caller drops the prompts it belongs to.
+        under ``skip`` it comes back as is, and the fault ledger drops the prompts it belongs to.
         """
         scores = self.reward.score(images, prompts, check=self.faults.nonfinite == "error")
         return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
 
-    def _score_or_skip(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor], str | None]:
-        """:meth:`_score`; under ``skip`` a reward call that raises gives NaN rewards and the
-        exception's one-line message as the third value (``None`` when it ran)."""
-        if self.faults.nonfinite == "error":
-            return (*self._score(images, prompts), None)
-        try:
-            return (*self._score(images, prompts), None)
-        except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
-            cause = f"the reward raised {type(err).__name__}: {first_line(err)}"
-            warnings.warn(
-                f"iteration {self.iteration}: {cause}; skipping this training step "
-                f"(faults.nonfinite=skip)",
-                FaultWarning,
-                stacklevel=2,
-            )
-            return torch.full((len(prompts),), float("nan"), device=images.device), {}, cause
-
     # ------------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        """Roll out one tree per prompt, score its leaves, back up advantages, prune, and update the
+        policy on the kept edges. Faults go through :attr:`fault_ledger`."""
+        self._check_stream(batch)
+        timer, ledger, prompts = PhaseTimer(self.adapter.device), self.fault_ledger, batch.prompts
+        spec = self.tree.at(self.iteration)
+        first = self._first_position(batch)
+        gens = self._generators(0, first, len(prompts))
+        cond = self.adapter.encode_prompts(prompts)
+        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
+        self._check_memory_once(spec, cond, noise, len(prompts))
+        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
+        timer.lap("rollout")
+
+        leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
+        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
+        scored = ledger.score(self._score, images, leaf_prompts, self.iteration)
+        timer.lap("reward")
+
+        screened = ledger.screen(scored.rewards, tree.leaf_prompt, len(prompts))
+        advantages = self._advantages(tree, screened.rewards)  # [E]
+        keep = prune(tree, advantages, self.pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
+        timer.lap("advantages")
+
+        plan = ledger.tally(scored, screened, keep, prompts, tree.leaf_prompt, iteration=self.iteration,
+                            sum_over_ranks=self._sum_over_ranks)  # fmt: skip
+        self._warn_if_nothing_kept(plan, tree)
+        update = self._update(tree, cond, advantages, keep, first) if plan.train else NO_UPDATE
+        timer.lap("train")
+        ledger.end_step(plan, update.steps, update.fault, self.iteration)
+
+        self.iteration += 1
+        self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps)
+        return self._step_output(scored, screened, tree, leaf_prompts, images)
+
+    def _check_stream(self, batch: PromptBatch) -> None:
         if batch.index != self.iteration:
             raise RuntimeError(
                 f"data stream at batch {batch.index} but the module at iteration {self.iteration}; "
                 "resume through the Trainer (--ckpt_path) so both restart together"
             )
-        timer = _Timer(self.adapter.device)
-        prompts = batch.prompts
-        P = len(prompts)
-        spec = self.tree.at(self.iteration)
-        first = self._first_position(batch)
-        gens = self._generators(0, first, P)
-        cond = self.adapter.encode_prompts(prompts)
-        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
-        if not self._memory_checked:
-            self._check_memory(spec, cond, noise, P)
-            self._memory_checked = True
-        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
-        t_rollout = timer.lap()
 
-        leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
-        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
-        rewards, components, failure = self._score_or_skip(images, leaf_prompts)
-        t_reward = timer.lap()
-
-        finite = torch.isfinite(rewards)  # [L]
-        bad = torch.zeros(P, dtype=torch.bool, device=rewards.device)  # [P] prompts left out
-        train_rewards = rewards  # under ``error`` tree_advantages refuses NaN, naming the leaves
-        if self.faults.nonfinite == "skip":
-            # prompts with a NaN / inf leaf reward are dropped; normalisation is per prompt, so
-            # finite stand-ins (0) for their rewards leave every other prompt's advantages as they are
-            bad[tree.leaf_prompt[~finite]] = True
-            train_rewards = torch.where(bad[tree.leaf_prompt], torch.zeros_like(rewards), rewards)  # [L]
-        advantages = tree_advantages(
-            train_rewards,
+    def _advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
+        """[E] one advantage per recorded edge from the leaves' rewards [L]."""
+        return tree_advantages(
+            rewards,
             tree.edge_parent,
             tree.leaf_edge,
             tree.leaf_prompt,
@@ -298,121 +287,54 @@ class TreeGRPOModule(LightningModule):
             clip=self.advantage.clip,
             std_scope=self.advantage.std_scope,
         )
-        keep = prune(tree, advantages, self.pruning) & ~bad[tree.edge_prompt]  # [E]
-        t_backup = timer.lap()
-        zero_std = _constant_groups(train_rewards, tree.leaf_prompt, P) & ~bad  # [P]
-        dropped = 0 if failure is not None else int(bad.sum())
-        names: list[str] = []
-        if dropped:
-            names = sorted({prompts[i] for i in bad.nonzero().flatten().tolist()})
-            warnings.warn(
-                f"iteration {self.iteration}: non-finite rewards for {dropped} of {P} prompts "
-                f"{names[:8]}; these prompts are left out of this step (faults.nonfinite=skip)",
-                FaultWarning,
-                stacklevel=2,
-            )
-        # one collective for the step: whether anything trains on any rank, and the step's faults
-        failed, kept, dropped_all, zero_std_all = self._sum_over_ranks(
-            [failure is not None, bool(keep.any()), dropped, int(zero_std.sum())]
+
+    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree) -> None:
+        """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
+        if plan.kept or plan.faulty or self._warned_nothing_kept:
+            return
+        self._warned_nothing_kept = True
+        warnings.warn(
+            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this "
+            f"step trains nothing ({self.pruning}); check --model.pruning or the PruningSchedule "
+            "callback (warned once)",
+            UserWarning,
+            stacklevel=3,
         )
-        self.fault_counts["skipped_groups"] += dropped_all
-        self.fault_counts["zero_std_groups"] += zero_std_all
-        cause = failure or (f"non-finite rewards for prompts {names[:8]}" if dropped else None)
-        faulty = bool(failed or dropped_all)  # the same on every rank
-        if not kept and not failed and not dropped_all and not self._warned_nothing_kept:
-            self._warned_nothing_kept = True
-            warnings.warn(
-                f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this "
-                f"step trains nothing ({self.pruning}); check --model.pruning or the PruningSchedule "
-                "callback (warned once)",
-                UserWarning,
-                stacklevel=2,
-            )
-        if failed or (not kept and dropped_all):  # a fault left nothing to train, on every rank
-            stats = None
-            updated = False
-        else:
-            stats = self._train_on(tree, cond, advantages, keep, first)
-            updated = stats["updates"] > 0
-            faulty = faulty or stats["cause"] is not None
-            cause = stats["cause"] or cause
-        t_train = timer.lap()
-        self._count_step(updated, faulty, cause or "a fault on another data-parallel rank")
-
-        self.iteration += 1
-        self._log_step(rewards[finite], tree, keep, advantages, stats, P, (t_rollout, t_reward, t_backup, t_train))
-        out = {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts,
-               "images": images}  # fmt: skip
-        if bad.any():  # the callbacks see only the prompts that trained (no copy of the images otherwise)
-            kept_leaves = ~bad[tree.leaf_prompt]  # [L]
-            out = {
-                "rewards": out["rewards"][kept_leaves],
-                "reward_components": {k: v[kept_leaves] for k, v in components.items()},
-                "leaf_prompts": [p for p, k in zip(leaf_prompts, kept_leaves.tolist()) if k],
-                "images": images[kept_leaves],
-            }
-        return out
-
-    def _count_step(self, updated: bool, faulty: bool, cause: str) -> None:
-        """Count a step that made no update because of a fault; stop when
-        ``faults.max_consecutive_skips`` of them come in a row. ``updated`` and ``faulty`` are the
-        same on every rank, so all ranks count alike and stop together."""
-        if updated:
-            self.fault_counts["consecutive"] = 0
-            return
-        if not faulty:  # nothing trained without a fault (e.g. pruning kept no edge)
-            return
-        self.fault_counts["skipped_steps"] += 1
-        self.fault_counts["consecutive"] += 1
-        if self.fault_counts["consecutive"] >= self.faults.max_consecutive_skips:
-            raise FaultLimitError(
-                f"{self.fault_counts['consecutive']} training steps in a row were skipped "
-                f"(faults.max_consecutive_skips={self.faults.max_consecutive_skips}), up to iteration "
-                f"{self.iteration}; last cause: {cause}; fix the reward or lower the learning rate, "
-                "or resume from the last checkpoint with --ckpt_path last"
-            )
 
     def _log_step(
         self,
-        finite_rewards: Tensor,
+        rewards: Tensor,
         tree: RolloutTree,
         keep: Tensor,
         advantages: Tensor,
-        stats: dict[str, Any] | None,
-        B: int,
-        times: tuple[float, float, float, float],
+        update: Update,
+        num_prompts: int,
+        laps: dict[str, float],
     ) -> None:
-        t_rollout, t_reward, t_backup, t_train = times
-        if finite_rewards.numel():
-            self.log("reward", finite_rewards.mean(), prog_bar=True, batch_size=B)
-        metrics: dict[str, Any] = {
-            "train/edges_kept": keep.float().sum(),
-            "train/edges": float(tree.num_edges),
-            "adv/mean": advantages.mean() if advantages.numel() else 0.0,
-            "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
-            "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
-            "nfe/rollout": float(tree.nfe),
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
-            "time/advantages_s": t_backup,
-            "time/train_s": t_train,
-            "iteration": float(self.iteration),
+        finite = rewards[torch.isfinite(rewards)]  # [<= L]
+        if finite.numel():
+            self.log("reward", finite.mean(), prog_bar=True, batch_size=num_prompts)
+        if update.stats is not None:
+            self.log("loss", update.stats.loss, prog_bar=True, batch_size=num_prompts)
+        metrics = step_metrics(tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
+        self.log_dict(metrics, batch_size=num_prompts)
+
+    @staticmethod
+    def _step_output(
+        scored: Scored, screened: Screened, tree: RolloutTree, leaf_prompts: list[str], images: Tensor
+    ) -> dict[str, Any]:
+        """What the callbacks see: rewards, components, prompts and images of the prompts that
+        trained (no copy of the images when every prompt did)."""
+        if not screened.dropped.any():
+            return {"rewards": scored.rewards.detach(), "reward_components": scored.components,
+                    "leaf_prompts": leaf_prompts, "images": images}  # fmt: skip
+        kept = screened.kept_leaves(tree.leaf_prompt)  # [L]
+        return {
+            "rewards": scored.rewards.detach()[kept],
+            "reward_components": {k: v[kept] for k, v in scored.components.items()},
+            "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
+            "images": images[kept],
         }
-        metrics.update({f"faults/{name}": float(value) for name, value in self.fault_counts.items()})
-        if stats is not None:
-            self.log("loss", stats["loss"], prog_bar=True, batch_size=B)
-            metrics.update(
-                {
-                    "train/clip_frac": stats["clip_frac"],
-                    "train/approx_kl": stats["approx_kl"],
-                    "train/ratio_mean": stats["ratio_mean"],
-                    "train/kl": stats["kl"],
-                    "train/policy_loss": stats["policy_loss"],
-                    "train/forwards": float(stats["forwards"]),
-                    "nfe/train": float(stats["forwards"]),
-                }
-            )
-        self.log_dict(metrics, batch_size=B)
 
     def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
         """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
@@ -428,18 +350,16 @@ class TreeGRPOModule(LightningModule):
             return decision
         return self.trainer.strategy.reduce_boolean_decision(decision, all=False)
 
-    def _train_on(
-        self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int
-    ) -> dict[str, Any]:
-        """Clipped policy-gradient updates over the kept edges; returns averaged statistics, the
-        number of optimizer steps taken (``updates``) and the last fault (``cause``, or None)."""
+    # ------------------------------------------------------------------------ update
+    def _update(self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int) -> Update:
+        """Clipped policy-gradient updates over the kept edges: ``inner_epochs`` passes, each
+        shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
+        them; a step whose loss or gradient is not finite is refused through the fault ledger."""
         optimizer = self.optimizers()
         shuffle = torch.Generator().manual_seed((self.seed * _MIX + self.iteration) * _MIX + first_position + 1)
-        sums: dict[str, Tensor] = {}
-        micro = 0
-        forwards = 0
-        updates = 0
-        cause = None
+        totals: list[Any] = [0.0] * len(LossOutput._fields)
+        micro = forwards = steps = 0
+        fault = None
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         num_updates = self._updates_per_epoch(keep)
         for _ in range(self.inner_epochs):
@@ -447,46 +367,31 @@ class TreeGRPOModule(LightningModule):
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
                 with optimizer.toggle_model(sync_grad=last):
-                    loss, out, n = self._edge_loss(tree, cond, advantages, edges)
+                    loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
                     # backpropagated even when it is not finite: every rank must run the same
                     # backward passes; the optimizer step below is what the check refuses
                     if bad_loss is None and not bool(torch.isfinite(loss)):
                         bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
                     self.manual_backward(loss / self.accumulate)
-                forwards += n
-                micro += 1
-                for key, value in out.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                if last:
-                    if self.grad_clip is not None:
-                        self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                    problem = bad_loss or (
-                        None if self._grads_finite() else f"non-finite gradient at iteration {self.iteration}"
-                    )
-                    bad_loss = None
-                    if self._any_rank(problem is not None):
-                        problem = problem or f"a non-finite loss or gradient on another rank at iteration {self.iteration}"
-                        optimizer.zero_grad(set_to_none=True)
-                        if self.faults.nonfinite == "error":
-                            raise FloatingPointError(
-                                f"{problem}; no optimizer step was taken (set --model.faults.nonfinite skip "
-                                "to skip such steps)"
-                            )
-                        self.fault_counts["skipped_updates"] += 1
-                        cause = problem
-                        warnings.warn(f"{problem}; optimizer step skipped (faults.nonfinite=skip)", FaultWarning, stacklevel=2)
-                        continue
-                    optimizer.step()
+                forwards, micro = forwards + n, micro + 1
+                totals = [total + value for total, value in zip(totals, stats)]
+                if not last:
+                    continue
+                if self.grad_clip is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+                problem = bad_loss or (None if self._grads_finite() else f"non-finite gradient at iteration {self.iteration}")
+                bad_loss = None
+                if self._any_rank(problem is not None):
                     optimizer.zero_grad(set_to_none=True)
-                    updates += 1
+                    fault = self.fault_ledger.refuse_update(problem, self.iteration)
+                    continue
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps += 1
         scheduler = self.lr_schedulers()
-        if scheduler is not None and updates:
+        if scheduler is not None and steps:
             scheduler.step()
-        stats = {k: v / max(micro, 1) for k, v in sums.items()}
-        stats["forwards"] = forwards
-        stats["updates"] = updates
-        stats["cause"] = cause
-        return stats
+        return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
 
     def _updates_per_epoch(self, keep: Tensor) -> int:
         """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
@@ -497,14 +402,13 @@ class TreeGRPOModule(LightningModule):
         per_rank = kept / max(self.trainer.world_size, 1)
         return max(1, math.ceil(per_rank / self.edges_per_update))
 
-    def _edge_loss(
-        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor], int]:
-        """Loss of one micro-batch of edges (a zero loss on the parameters if it is empty, so
-        every data-parallel rank runs the same backward passes)."""
+    def _edge_loss(self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor) -> tuple[Tensor, LossOutput, int]:
+        """Loss of one micro-batch of edges, its detached statistics and its model forwards (a
+        zero loss on the parameters if it is empty, so every data-parallel rank runs the same
+        backward passes)."""
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
-            return zero, {k: torch.zeros((), device=zero.device) for k in _LOSS_STATS}, 0
+            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), 0
         new = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
         ref_mean = None
         forwards = new.num_forwards
@@ -523,8 +427,7 @@ class TreeGRPOModule(LightningModule):
             std=new.step.std,
             step_size=self._kl_step_size(tree.edge_step[edges]),
         )
-        stats = {k: getattr(out, k).detach() for k in _LOSS_STATS}
-        return out.loss, stats, forwards
+        return out.loss, LossOutput(*(value.detach() for value in out)), forwards
 
     def _kl_step_size(self, step_index: Tensor) -> Tensor | None:
         """[B] |dt| of each edge's step, which only Flow-GRPO's KL form uses."""
@@ -577,6 +480,12 @@ class TreeGRPOModule(LightningModule):
             f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.tree.max_batch, "
             "the branching or num_trees, or set --model.memory_guard.enabled false to skip this check"
         )
+
+    def _check_memory_once(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
+        """:meth:`_check_memory` at the first training step, unless it ran before the data."""
+        if not self._memory_checked:
+            self._check_memory(spec, cond, noise, num_prompts)
+            self._memory_checked = True
 
     def _available_memory(self) -> tuple[int | None, str]:
         """(bytes available to this rank, where the number comes from)."""
@@ -669,7 +578,7 @@ class TreeGRPOModule(LightningModule):
         checkpoint["lit_treegrpo"] = {
             "iteration": self.iteration,
             "fingerprint": self._fingerprint(),
-            "faults": dict(self.fault_counts),
+            "faults": self.fault_ledger.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -694,37 +603,8 @@ class TreeGRPOModule(LightningModule):
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
         self.iteration = int(saved["iteration"])
-        # checkpoints from before the fault counters existed start them at 0
-        self.fault_counts = {**dict.fromkeys(FAULT_COUNTERS, 0), **saved.get("faults", {})}
+        self.fault_ledger.load_state_dict(saved.get("faults", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
-
-
-_LOSS_STATS = ("loss", "policy_loss", "kl", "ratio_mean", "clip_frac", "approx_kl")
-
-
-class _Timer:
-    """Wall-clock laps that wait for queued GPU work, so each phase is charged its own time."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.last = self._now()
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        now = self._now()
-        elapsed, self.last = now - self.last, now
-        return elapsed
-
-
-def _constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Tensor:
-    """[P] bool: prompts whose leaves all got the same reward (their advantages are exactly 0)."""
-    hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
-    lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
-    return hi == lo
 
 
 def _slug(text: str, length: int = 40) -> str:
