@@ -582,10 +582,21 @@ def one_line(err: BaseException) -> str:
     return first_line(err)
 
 
+def quiet_known_warnings() -> None:
+    """Silence, for the whole process, the warnings that say nothing a user can act on. Both
+    Lightning warnings are by design here: adapters keep every submodule in eval mode (no dropout
+    in the policy), and the prompt stream is a pure function of the step, with nothing for loader
+    workers to do. The third is Lightning's own use of a torch API it has not caught up with."""
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry: run the CLI; an error from the configuration, files or environment becomes
     one line on stderr and exit status 2, a run stopped by a numerical fault one line and status 1,
     validate / test / predict stopped by SIGTERM one line and status 143."""
+    quiet_known_warnings()
     try:
         TreeGRPOCLI(args=args)
     except (*RUN_FAULTS, CommandInterrupted, *USER_ERRORS) as err:

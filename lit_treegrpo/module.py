@@ -41,18 +41,12 @@ from .data import PromptBatch
 from .faults import FaultLedger, Scored, Screened, StepPlan
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
+from .predictions import save_predictions
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
-
-# Both are by design here: adapters keep every submodule in eval mode (no dropout in the policy),
-# and the prompt stream is a pure function of the step, with nothing for loader workers to do.
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
-warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
-# Lightning's own use of a torch API it has not caught up with; nothing a user can act on
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 class RolloutMemoryError(ValueError):
@@ -171,9 +165,9 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ sharding
     def configure_model(self) -> None:
-        """FSDP2 under ``ModelParallelStrategy``: shard the denoiser's blocks, then the denoiser,
-        over the data-parallel mesh (frozen encoders and the VAE stay replicated; each rank keeps
-        whole prompt trees). Other strategies need nothing here."""
+        """FSDP2 under ``ModelParallelStrategy``: the adapter shards its denoiser over the
+        data-parallel mesh (:meth:`DiffusionAdapter.shard`; each rank keeps whole prompt trees).
+        Other strategies need nothing here."""
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):
@@ -184,14 +178,7 @@ class TreeGRPOModule(LightningModule):
                 "every weight, which this module's trainable-only checkpoints cannot resume from; set "
                 "trainer.strategy.init_args.save_distributed_checkpoint: false"
             )
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = self.device_mesh["data_parallel"]
-        denoiser = self.adapter.denoiser
-        for blocks in ("transformer_blocks", "down_blocks", "up_blocks"):
-            for block in getattr(denoiser, blocks, []):
-                fully_shard(block, mesh=mesh)
-        fully_shard(denoiser, mesh=mesh)
+        self.adapter.shard(self.device_mesh["data_parallel"])
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
@@ -523,18 +510,8 @@ class TreeGRPOModule(LightningModule):
 
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:
         """Write one PNG per prompt under ``<default_root_dir>/predictions``; returns the paths."""
-        from PIL import Image
-
         folder = Path(self.trainer.default_root_dir) / "predictions"
-        folder.mkdir(parents=True, exist_ok=True)
-        images = self.sample(batch.prompts, self.val_seed)
-        pixels = (images.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
-        paths = []
-        for i, (prompt, array) in enumerate(zip(batch.prompts, pixels)):
-            path = folder / f"{batch.index:05d}_{i:02d}_{_slug(prompt)}.png"
-            Image.fromarray(array).save(path)
-            paths.append(str(path))
-        return paths
+        return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
@@ -606,6 +583,3 @@ class TreeGRPOModule(LightningModule):
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
 
-
-def _slug(text: str, length: int = 40) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text.lower())[:length].strip("_") or "prompt"
