@@ -10,11 +10,10 @@ Randomness is a pure function of ``(seed, iteration, global prompt position)``: 
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
 data-parallel run samples what one process with the same global batch samples.
 
-Faults (:class:`~lit_treegrpo.settings.FaultPolicy`): NaN / inf rewards, a reward call that raises,
-a non-finite loss or gradient either stop the run with a message naming them (``error``) or are
-skipped and counted (``skip``); :class:`~lit_treegrpo.faults.FaultLedger` takes those decisions,
-together for all data-parallel ranks, and keeps the counters. Before the first batch is drawn,
-:class:`~lit_treegrpo.settings.MemoryGuard` refuses a tree that cannot fit in memory.
+Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
+or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks.
+Before the first rollout, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
+cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +30,22 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from .core.advantages import tree_advantages
-from .core.loss import ClippedPolicyLoss, LossOutput
-from .core.memory import available_memory, cond_row_bytes, format_bytes, rollout_memory
+from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .core.pruning import PruningConfig, prune
-from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
+from .core.rollout import RolloutTree, rollout, source_minibatches
 from .core.spec import TreeSpec
 from .data import PromptBatch
-from .faults import FaultLedger, Scored, Screened, StepPlan
+from .faults import FaultLedger, StepPlan, grads_finite
+from .memory_guard import RolloutGuard
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
+from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
-from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics
+from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
-
-
-class RolloutMemoryError(ValueError):
-    """The memory guard refused a tree that cannot fit (a configuration error)."""
-
 
 
 class TreeGRPOModule(LightningModule):
@@ -115,16 +109,9 @@ class TreeGRPOModule(LightningModule):
         memory_guard: MemoryGuard = MemoryGuard(),
     ) -> None:
         super().__init__()
-        check_settings(
-            tree,
-            minibatches=minibatches,
-            accumulate=accumulate,
-            inner_epochs=inner_epochs,
-            grad_clip=grad_clip,
-            val_samples=val_samples,
-            edges_per_update=edges_per_update,
-            adapter_num_steps=adapter.num_steps,
-        )
+        check_settings(tree, minibatches=minibatches, accumulate=accumulate, inner_epochs=inner_epochs,
+                       grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
+                       adapter_num_steps=adapter.num_steps)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {})
         self.tree = tree
@@ -152,7 +139,7 @@ class TreeGRPOModule(LightningModule):
         self.faults = faults
         self.memory_guard = memory_guard
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
-        self._memory_checked = False  # once per fit, before the first rollout
+        self.rollout_guard = RolloutGuard(memory_guard)  # checks once per fit, before the first rollout
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
@@ -229,7 +216,7 @@ class TreeGRPOModule(LightningModule):
         gens = self._generators(0, first, len(prompts))
         cond = self.adapter.encode_prompts(prompts)
         noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
-        self._check_memory_once(spec, cond, noise, len(prompts))
+        self._guard_memory(spec, cond, noise, len(prompts))
         tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
         timer.lap("rollout")
 
@@ -252,7 +239,7 @@ class TreeGRPOModule(LightningModule):
 
         self.iteration += 1
         self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps)
-        return self._step_output(scored, screened, tree, leaf_prompts, images)
+        return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images)
 
     def _check_stream(self, batch: PromptBatch) -> None:
         if batch.index != self.iteration:
@@ -263,17 +250,10 @@ class TreeGRPOModule(LightningModule):
 
     def _advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
         """[E] one advantage per recorded edge from the leaves' rewards [L]."""
-        return tree_advantages(
-            rewards,
-            tree.edge_parent,
-            tree.leaf_edge,
-            tree.leaf_prompt,
-            method=self.advantage.method,
-            edge_old_log_prob=tree.edge_old_log_prob,
-            beta=self.advantage.beta,
-            clip=self.advantage.clip,
-            std_scope=self.advantage.std_scope,
-        )
+        a = self.advantage
+        return tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method=a.method,
+                               edge_old_log_prob=tree.edge_old_log_prob, beta=a.beta, clip=a.clip,
+                               std_scope=a.std_scope)  # fmt: skip
 
     def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
@@ -288,40 +268,11 @@ class TreeGRPOModule(LightningModule):
             stacklevel=3,
         )
 
-    def _log_step(
-        self,
-        rewards: Tensor,
-        tree: RolloutTree,
-        keep: Tensor,
-        advantages: Tensor,
-        update: Update,
-        num_prompts: int,
-        laps: dict[str, float],
-    ) -> None:
-        finite = rewards[torch.isfinite(rewards)]  # [<= L]
-        if finite.numel():
-            self.log("reward", finite.mean(), prog_bar=True, batch_size=num_prompts)
-        if update.stats is not None:
-            self.log("loss", update.stats.loss, prog_bar=True, batch_size=num_prompts)
-        metrics = step_metrics(tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
-        self.log_dict(metrics, batch_size=num_prompts)
-
-    @staticmethod
-    def _step_output(
-        scored: Scored, screened: Screened, tree: RolloutTree, leaf_prompts: list[str], images: Tensor
-    ) -> dict[str, Any]:
-        """What the callbacks see: rewards, components, prompts and images of the prompts that
-        trained (no copy of the images when every prompt did)."""
-        if not screened.dropped.any():
-            return {"rewards": scored.rewards.detach(), "reward_components": scored.components,
-                    "leaf_prompts": leaf_prompts, "images": images}  # fmt: skip
-        kept = screened.kept_leaves(tree.leaf_prompt)  # [L]
-        return {
-            "rewards": scored.rewards.detach()[kept],
-            "reward_components": {k: v[kept] for k, v in scored.components.items()},
-            "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
-            "images": images[kept],
-        }
+    def _log_step(self, rewards: Tensor, tree: RolloutTree, keep: Tensor, advantages: Tensor, update: Update,
+                  num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
+        metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
+        self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
+        self.log_dict(metrics.logged, batch_size=num_prompts)
 
     def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
         """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
@@ -366,7 +317,9 @@ class TreeGRPOModule(LightningModule):
                     continue
                 if self.grad_clip is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                problem = bad_loss or (None if self._grads_finite() else f"non-finite gradient at iteration {self.iteration}")
+                problem = bad_loss
+                if problem is None and not grads_finite(self.adapter.trainable_parameters()):
+                    problem = f"non-finite gradient at iteration {self.iteration}"
                 bad_loss = None
                 if self._any_rank(problem is not None):
                     optimizer.zero_grad(set_to_none=True)
@@ -396,24 +349,9 @@ class TreeGRPOModule(LightningModule):
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
             return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), 0
-        new = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
-        ref_mean = None
-        forwards = new.num_forwards
-        if self.loss_fn.kl_beta > 0:
-            with torch.no_grad(), self.adapter.reference():
-                ref = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
-            ref_mean = ref.step.mean
-            forwards += ref.num_forwards  # the reference's forwards are model evaluations too
-        out = self.loss_fn(
-            new.step.log_prob,
-            tree.edge_old_log_prob[edges],
-            advantages[edges],
-            group=new.group,
-            mean=new.step.mean,
-            ref_mean=ref_mean,
-            std=new.step.std,
-            step_size=self._kl_step_size(tree.edge_step[edges]),
-        )
+        reference = self.adapter.reference if self.loss_fn.kl_beta > 0 else None
+        out, forwards = edge_loss(self.loss_fn, self.adapter.predict, self.adapter.step, tree, edges, cond, advantages,
+                                  reference=reference, step_size=self._kl_step_size(tree.edge_step[edges]))  # fmt: skip
         return out.loss, LossOutput(*(value.detach() for value in out)), forwards
 
     def _kl_step_size(self, step_index: Tensor) -> Tensor | None:
@@ -423,63 +361,20 @@ class TreeGRPOModule(LightningModule):
         assert isinstance(self.adapter, FlowMatchingAdapter)  # checked in __init__
         return self.adapter.step_size(step_index)
 
-    def _grads_finite(self) -> bool:
-        """Whether every local gradient is finite (one device sync for all parameters)."""
-        # FSDP2 gradients are DTensors: each rank checks its own shard
-        grads = [
-            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            for p in self.adapter.trainable_parameters()
-            if p.grad is not None
-        ]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-
     # ------------------------------------------------------------------------ memory
-    def _check_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
-        """Refuse a rollout whose recorded tensors cannot fit (see :class:`MemoryGuard`); every
-        rank decides together, so none is left waiting in a collective."""
-        guard = self.memory_guard
-        if not guard.enabled:
-            return
-        estimate = rollout_memory(
-            spec,
-            num_prompts,
-            tuple(noise.shape[1:]),
-            noise.dtype,
-            cond_bytes=cond_row_bytes(cond),
-            cfg=self.adapter.do_cfg,
-        )
-        available, where = self._available_memory()
-        if available is None:
-            warnings.warn(
-                f"memory guard: the available memory is {where}, so the rollout's estimated "
-                f"{estimate.describe()} is not checked; give --model.memory_guard.available_gb",
-                stacklevel=2,
-            )
-        limit = None if available is None else available * guard.fraction
-        refuse = limit is not None and estimate.total > limit
-        if not self._any_rank(refuse):
-            return
-        if not refuse:
-            raise RolloutMemoryError("memory guard: another data-parallel rank cannot fit the rollout; see its message")
-        raise RolloutMemoryError(
-            f"memory guard: one rollout needs about {estimate.describe()} for {num_prompts} prompts x "
-            f"{spec.num_leaves} leaves on this rank, but {format_bytes(available)} is available ({where}; "
-            f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.tree.max_batch, "
-            "the branching or num_trees, or set --model.memory_guard.enabled false to skip this check"
-        )
-
-    def _check_memory_once(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
-        """:meth:`_check_memory` at the first training step, unless it ran before the data."""
-        if not self._memory_checked:
-            self._check_memory(spec, cond, noise, num_prompts)
-            self._memory_checked = True
+    def _guard_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
+        """The memory guard at the first training step, unless it ran before the data."""
+        if not self.rollout_guard.checked:
+            self.rollout_guard.check(self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(),
+                                     any_rank=self._any_rank)  # fmt: skip
 
     def _available_memory(self) -> tuple[int | None, str]:
         """(bytes available to this rank, where the number comes from)."""
-        if self.memory_guard.available_gb is not None:
-            return int(self.memory_guard.available_gb * 1e9), "--model.memory_guard.available_gb"
-        # the processes of this node share its memory
-        return available_memory(self.adapter.device, processes=max(self.trainer.num_devices, 1))
+        return self.rollout_guard.available(self.adapter.device, self._node_processes())
+
+    def _node_processes(self) -> int:
+        """The processes of this node, which share its memory."""
+        return max(self.trainer.num_devices, 1)
 
     # ------------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -515,42 +410,27 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
-        self._memory_checked = False
         self._sync_data_stream()
-        self._check_memory_before_data()
+        self.rollout_guard.before_data(self.adapter, self._datamodule(), self.tree.at(self.iteration),
+                                       processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
 
-    def _check_memory_before_data(self) -> None:
-        """The memory guard before the first batch is drawn (and before the sanity check's
-        sampling): the prompts per rank come from the datamodule, the conditioning's size from one
-        training prompt. Without a :class:`PromptDataModule` the check waits for the first step."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if not self.memory_guard.enabled or not hasattr(datamodule, "per_rank_batch_size"):
-            return
-        num_prompts = datamodule.per_rank_batch_size()
-        train_prompts = datamodule.train_set.prompts
-        device = self.adapter.device
-        with torch.no_grad():
-            cond = self.adapter.encode_prompts(train_prompts[:1])
-            noise = self.adapter.initial_noise(1, torch.Generator(device).manual_seed(0))  # [1, *S]
-        self._check_memory(self.tree.at(self.iteration), cond, noise, num_prompts)
-        self._memory_checked = True
+    def _datamodule(self) -> Any:
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
     def _sync_data_stream(self) -> None:
         """Start the prompt stream where the module is (0, or the resumed iteration)."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self._datamodule()
         if datamodule is not None and hasattr(datamodule, "start_index"):
             datamodule.start_index = self.iteration
 
+    def _trainable_names(self) -> list[str]:
+        return [n for n, p in self.named_parameters() if p.requires_grad]
+
     def _fingerprint(self) -> dict[str, Any]:
-        return {
-            "adapter": type(self.adapter).__name__,
-            "num_steps": self.adapter.num_steps,
-            "tree": asdict(self.tree),
-            "trainable": sorted(n for n, p in self.named_parameters() if p.requires_grad),
-        }
+        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, self._trainable_names())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        trainable = set(self._trainable_names())
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         checkpoint["lit_treegrpo"] = {
             "iteration": self.iteration,
@@ -562,24 +442,8 @@ class TreeGRPOModule(LightningModule):
         saved = checkpoint.get("lit_treegrpo")
         if saved is None:
             raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
-        mine = self._fingerprint()
-        for key in ("adapter", "num_steps", "trainable"):
-            if saved["fingerprint"][key] != mine[key]:
-                raise ValueError(
-                    f"the checkpoint's {key} differs from this run's configuration; resume with the "
-                    f"configuration it was trained with"
-                )
-        # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default
-        if asdict(TreeSpec.from_dict(saved["fingerprint"]["tree"])) != mine["tree"]:
-            raise ValueError(
-                f"the checkpoint was trained with tree {saved['fingerprint']['tree']}, this run has "
-                f"{mine['tree']}; resume with the same --model.tree"
-            )
         # (a sharded strategy loads the weights itself and hands over no "state_dict")
-        missing = set(mine["trainable"]) - set(checkpoint.get("state_dict", mine["trainable"]))
-        if missing:
-            raise ValueError(f"the checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
+        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
-

@@ -1,5 +1,6 @@
-"""What one training step records for the log: phase timings (:class:`PhaseTimer`), what the
-policy-gradient update did (:class:`Update`), and the metrics the module logs (:func:`step_metrics`)."""
+"""What one training step records: phase timings (:class:`PhaseTimer`), what the policy-gradient
+update did (:class:`Update`), the metrics the module logs (:func:`step_metrics`) and the outputs the
+callbacks receive (:func:`step_outputs`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import Tensor
 
 from .core.loss import LossOutput
 from .core.rollout import RolloutTree
+from .faults import Scored, Screened
 
 
 class PhaseTimer:
@@ -46,7 +48,15 @@ class Update(NamedTuple):
 NO_UPDATE = Update(None, 0, 0, None)  # a step that trained nothing
 
 
+class StepMetrics(NamedTuple):
+    """A training step's metrics, as the module logs them."""
+
+    shown: dict[str, Any]  # also on the progress bar: ``reward`` and ``loss``
+    logged: dict[str, Any]  # the others
+
+
 def step_metrics(
+    rewards: Tensor,
     tree: RolloutTree,
     keep: Tensor,
     advantages: Tensor,
@@ -54,11 +64,16 @@ def step_metrics(
     fault_counts: Mapping[str, int],
     laps: Mapping[str, float],
     iteration: int,
-) -> dict[str, Any]:
-    """The step's metrics: edges kept, advantage statistics, NFE, phase times (``time/<phase>_s``),
-    the iteration, the fault counters (``faults/*``) and, when an update ran, its loss statistics.
-    ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'."""
-    metrics: dict[str, Any] = {
+) -> StepMetrics:
+    """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
+    statistics, NFE, phase times (``time/<phase>_s``), the iteration, the fault counters
+    (``faults/*``) and, when an update ran, its loss statistics. ``keep`` [E] bool and
+    ``advantages`` [E] are the tree's edges'."""
+    shown: dict[str, Any] = {}
+    finite = rewards[torch.isfinite(rewards)]  # [<= L]
+    if finite.numel():
+        shown["reward"] = finite.mean()
+    logged: dict[str, Any] = {
         "train/edges_kept": keep.float().sum(),
         "train/edges": float(tree.num_edges),
         "adv/mean": advantages.mean() if advantages.numel() else 0.0,
@@ -68,10 +83,11 @@ def step_metrics(
         **{f"time/{phase}_s": seconds for phase, seconds in laps.items()},
         "iteration": float(iteration),
     }
-    metrics.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
+    logged.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
     if update.stats is not None:
         stats = update.stats
-        metrics.update(
+        shown["loss"] = stats.loss
+        logged.update(
             {
                 "train/clip_frac": stats.clip_frac,
                 "train/approx_kl": stats.approx_kl,
@@ -82,4 +98,22 @@ def step_metrics(
                 "nfe/train": float(update.forwards),
             }
         )
-    return metrics
+    return StepMetrics(shown, logged)
+
+
+def step_outputs(
+    scored: Scored, screened: Screened, leaf_prompt: Tensor, leaf_prompts: list[str], images: Tensor
+) -> dict[str, Any]:
+    """What the callbacks receive from a training step: rewards [L'], their components, the leaf
+    prompts and images [L', 3, H, W] of the prompts that trained (all ``L`` leaves, without a copy
+    of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's prompt index."""
+    if not screened.dropped.any():
+        return {"rewards": scored.rewards.detach(), "reward_components": scored.components,
+                "leaf_prompts": leaf_prompts, "images": images}  # fmt: skip
+    kept = screened.kept_leaves(leaf_prompt)  # [L]
+    return {
+        "rewards": scored.rewards.detach()[kept],
+        "reward_components": {k: v[kept] for k, v in scored.components.items()},
+        "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
+        "images": images[kept],
+    }

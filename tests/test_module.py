@@ -10,8 +10,9 @@ from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, TreeSpec
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.faults import FaultLimitError, FaultWarning
+from lit_treegrpo.memory_guard import RolloutMemoryError
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import RolloutMemoryError, TreeGRPOModule
+from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.rewards import Brightness, RewardModel
 from lit_treegrpo.settings import AdvantageSettings, FaultPolicy, MemoryGuard
 from tests.probes import FlakyReward
