@@ -34,12 +34,12 @@ from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .core.pruning import PruningConfig, prune
 from .core.rollout import RolloutTree, rollout, source_minibatches
 from .core.spec import TreeSpec
-from .data import PromptBatch
 from .faults import FaultLedger, StepPlan, grads_finite
 from .memory_guard import RolloutGuard
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
+from .prompt_stream import PromptBatch
 from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings

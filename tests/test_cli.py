@@ -383,7 +383,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_path: Path, capsys, monkeypatch) -> None:
-    from lit_treegrpo.data import PromptStream
+    from lit_treegrpo.prompt_stream import PromptStream
 
     drawn = []
     batch = PromptStream.batch
