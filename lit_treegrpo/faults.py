@@ -12,10 +12,10 @@ non-finite loss, a non-finite gradient. Under :class:`~lit_treegrpo.settings.Fau
 - ``max_consecutive_skips`` training steps in a row without an update because of a fault stop the
   run, naming the last cause (:meth:`FaultLedger.end_step`).
 
-:func:`grads_finite` detects a non-finite gradient. Decisions that change the number of backward passes or optimizer steps are taken on counts summed
+Decisions that change the number of backward passes or optimizer steps are taken on counts summed
 over the data-parallel ranks, so every rank decides alike and no collective waits for a rank that
 skipped. The counters (:data:`FAULT_COUNTERS`) are logged as ``faults/*`` and kept in checkpoints
-(:meth:`FaultLedger.state_dict`).
+(:meth:`FaultLedger.state_dict`). :func:`grads_finite` detects a non-finite gradient.
 """
 
 from __future__ import annotations

@@ -260,13 +260,11 @@ class TreeGRPOModule(LightningModule):
         if plan.kept or plan.faulty or self._warned_nothing_kept:
             return
         self._warned_nothing_kept = True
-        warnings.warn(
-            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this "
-            f"step trains nothing ({self.pruning}); check --model.pruning or the PruningSchedule "
-            "callback (warned once)",
-            UserWarning,
-            stacklevel=3,
+        message = (
+            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
+            f"nothing ({self.pruning}); check --model.pruning or the PruningSchedule callback (warned once)"
         )
+        warnings.warn(message, UserWarning, stacklevel=3)
 
     def _log_step(self, rewards: Tensor, tree: RolloutTree, keep: Tensor, advantages: Tensor, update: Update,
                   num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
@@ -342,7 +340,9 @@ class TreeGRPOModule(LightningModule):
         per_rank = kept / max(self.trainer.world_size, 1)
         return max(1, math.ceil(per_rank / self.edges_per_update))
 
-    def _edge_loss(self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor) -> tuple[Tensor, LossOutput, int]:
+    def _edge_loss(
+        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
+    ) -> tuple[Tensor, LossOutput, int]:
         """Loss of one micro-batch of edges, its detached statistics and its model forwards (a
         zero loss on the parameters if it is empty, so every data-parallel rank runs the same
         backward passes)."""
