@@ -60,8 +60,9 @@ from lit_treegrpo.core.spec import WindowSchedule
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.shapes import ShapesAdapter
 from lit_treegrpo import module as module_code
-from lit_treegrpo.module import AdvantageSettings, TreeGRPOModule
+from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.rewards import ShapesReward
+from lit_treegrpo.settings import AdvantageSettings
 
 T = 10  # denoising steps of every method (the papers' NFE = 10 setting)
 LEAVES = 27  # leaves per prompt of every method

@@ -11,7 +11,7 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
-  any model loads (:meth:`TreeGRPOCLI.before_instantiate_classes`). A run stopped by a numerical
+  any model loads (:func:`lit_treegrpo.cli_checks.check_config`). A run stopped by a numerical
   fault (a NaN reward, loss or gradient; too many consecutive skips) also ends in one line, with
   status 1.
 - Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
@@ -28,27 +28,19 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   parse or YAML error, a bad value, any ``OSError``: a missing or unreadable file, a full disk, a
   folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
   ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
-  status 2. Anything else is a bug and keeps its traceback.
+  status 2 (:mod:`lit_treegrpo.cli_errors`). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
-import math
 import os
-import re
-import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import yaml
-from jsonargparse import Namespace, set_parsing_settings
+from jsonargparse import set_parsing_settings
 from lightning.fabric.plugins.io import CheckpointIO
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -56,21 +48,21 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import CheckpointOnInterrupt
 from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_checkpoint
-from .core.loss import ClippedPolicyLoss
-from .core.pruning import PruningConfig
-from .core.spec import TreeSpec
-from .data import PromptDataModule
-from .errors import explain_os_error, first_line
-from .module import (
-    AdvantageSettings,
-    FaultLimitError,
-    FaultPolicy,
-    MemoryGuard,
-    TreeGRPOModule,
-    check_reward_names,
-    check_settings,
+from .cli_checks import check_config
+from .cli_errors import (
+    RUN_FAULTS,
+    USER_ERRORS,
+    CommandInterrupted,
+    OneLineParser,
+    UserError,
+    check_yaml_file,
+    config_files,
+    exit_status,
+    one_line,
 )
-from .rewards import NonFiniteRewardError
+from .data import PromptDataModule
+from .errors import explain_os_error
+from .module import TreeGRPOModule
 from .run_folder import (
     RunConfigRecord,
     RunFolderError,
@@ -83,243 +75,6 @@ from .run_folder import (
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
-
-
-class UserError(Exception):
-    """A mistake in the command line or config: reported in one line, without a traceback."""
-
-
-class CommandInterrupted(Exception):
-    """``validate`` / ``test`` / ``predict`` stopped by SIGTERM before they finished."""
-
-
-class OneLineParser(LightningArgumentParser):
-    """Reports a parse error as one :class:`UserError` line (the option, what is wrong, a
-    did-you-mean) instead of jsonargparse's usage block. Parsers that jsonargparse builds with
-    ``exit_on_error=False`` for its own nested checks keep raising ``ArgumentError`` as before."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error:
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        raise UserError(explain_parse_error(message, parser))
-
-
-def _options(parser: Any) -> list[str]:
-    """Every ``--key`` the parser (and its subcommands) accepts, without ``.help`` entries."""
-    found: list[str] = []
-    for action in parser._actions:
-        found += [s for s in action.option_strings if s.startswith("--") and not s.endswith(".help")]
-        for sub in (getattr(action, "choices", None) or {}).values():
-            if isinstance(sub, LightningArgumentParser):
-                found += _options(sub)
-    return found
-
-
-def _did_you_mean(word: str, candidates: list[str], *, list_siblings: bool = False) -> str:
-    """``"; did you mean --model.tree.branching?"``: the closest candidate with the same parent
-    (``--model.tree``), compared by its last component; with ``list_siblings``, when none is close,
-    the valid names under that parent."""
-    parent, _, leaf = word.rpartition(".")
-    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
-    if not siblings:
-        close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.8)
-        return f"; did you mean {close[0]}?" if close else ""
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean {siblings[close[0]]}?"
-    if list_siblings and parent:
-        return f"; {parent} takes {', '.join(sorted(siblings))}"
-    return ""
-
-
-def _init_parameters(class_path: str) -> list[str]:
-    """Keyword parameters a class accepts, following ``**kwargs`` up its bases."""
-    module, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    found: list[str] = []
-    for base in cls.__mro__:
-        if "__init__" not in vars(base):
-            continue
-        params = inspect.signature(base.__init__).parameters.values()
-        found += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return found
-
-
-def _type_name(text: str) -> str:
-    """``<class 'int'>`` -> ``int``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
-    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text.strip()).replace("NoneType", "null")
-    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", text)
-    return f"one of {literal.group(1)}" if literal else text.replace("typing.", "")
-
-
-def explain_parse_error(message: str, parser: Any) -> str:
-    """jsonargparse's multi-line parse error -> one line naming the option and the fix."""
-    prog = parser.prog.replace(" [options]", "")
-    see = f"`{prog} --help` lists every option"
-    options = _options(parser)
-    text = message.strip()
-    unknown = re.match(r"unrecognized arguments: (.*)", text)
-    if unknown:
-        given = [a.split("=", 1)[0] for a in unknown.group(1).split() if a.startswith("--")]
-        if given:
-            return f"{given[0]}: no such option{_did_you_mean(given[0], options, list_siblings=True)} ({see})"
-        return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
-    key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(r"Option '([\w.]+)' is not accepted before", text)
-    if key:
-        option = f"--{key.group(1)}"
-        hint = _did_you_mean(option, options, list_siblings=True)
-        return f"{option} (a command-line option or a config key): no such option{hint} ({see})"
-    keyed = re.match(r'Parser key "([\w.]+)":\s*(.*)', text, flags=re.S)
-    if not keyed:
-        return f"{' '.join(text.split())} ({see})"
-    option, detail = f"--{keyed.group(1)}", keyed.group(2)
-    lines = [line.strip() for line in detail.splitlines() if line.strip()]
-    class_option = re.search(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", detail)
-    if class_option:
-        class_path, name = class_option.groups()
-        hint = _did_you_mean(name, _init_parameters(class_path))
-        return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
-    nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
-    if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
-        return explain_parse_error(f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser)
-    class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
-    if class_problem:
-        reason = class_problem.group(2).strip().splitlines()[0].strip()
-        return f"{option}: cannot use class_path '{class_problem.group(1)}': {reason}; fix the class path ({see})"
-    expected = re.match(r"Expected a (.+?)\. Got value: (.*)", lines[0]) if lines else None
-    if expected:
-        wanted, got = _type_name(expected.group(1)), expected.group(2)
-        literal = re.findall(r"'([^']*)'", wanted) if wanted.startswith("one of") else []
-        return f"{option}: expected {wanted}, got {got!r}{_did_you_mean(got, literal)}; fix the value ({see})"
-    subtypes = re.search(r"Subtypes: \[(.*)\]", detail)
-    value = re.search(r"Given value: (.*)", detail)
-    if subtypes and value:
-        wanted = ", ".join(_type_name(t) for t in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)))
-        given = re.sub(r"\. Got value: .*", "", value.group(1)).strip()
-        return f"{option}: {given!r} is none of {wanted}; fix the value ({see})"
-    return f"{option}: {' '.join(lines)} ({see})"
-
-
-def _plain(value: Any) -> Any:
-    """A parsed Namespace as plain dicts, without jsonargparse's bookkeeping keys (``__path__`` of
-    a section read from its own file)."""
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if not k.startswith("__")}
-    return value
-
-
-def _build(option: str, make: Any) -> Any:
-    """``make()``, its ``ValueError`` prefixed by the option it concerns."""
-    try:
-        return make()
-    except (ValueError, TypeError) as err:
-        raise UserError(f"{option}: {err}") from err
-
-
-def _data_parallel_world(trainer: Any) -> int | None:
-    """Data-parallel processes from the trainer options, when they say it plainly (``devices``
-    an int, a list or a ``"0,1"`` string); ``None`` for ``auto`` / ``-1`` and for strategies that
-    split devices between tensor and data parallelism."""
-    strategy = trainer.get("strategy")
-    strategy_name = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "") or ""
-    if "ModelParallel" in str(strategy_name) or type(strategy).__name__ == "ModelParallelStrategy":
-        return None
-    devices = trainer.get("devices", "auto")
-    if isinstance(devices, str):
-        if devices.strip() in ("auto", "-1"):
-            return None
-        parts = [d for d in devices.split(",") if d.strip()]
-        count = int(parts[0]) if len(parts) == 1 and devices.strip().lstrip("-").isdigit() else len(parts)
-    elif isinstance(devices, int):
-        count = devices
-    elif isinstance(devices, (list, tuple)):
-        count = len(devices)
-    else:
-        return None
-    if count < 1:
-        return None
-    return count * int(trainer.get("num_nodes") or 1)
-
-
-def _nan_options(value: Any, option: str) -> list[str]:
-    """The options under ``value`` (a parsed section) whose value is a float NaN."""
-    if isinstance(value, float):
-        return [option] if math.isnan(value) else []
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return [found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")]
-    if isinstance(value, (list, tuple)):
-        return [found for i, v in enumerate(value) for found in _nan_options(v, f"{option}[{i}]")]
-    return []
-
-
-def check_config(config: Any) -> None:
-    """Everything the run's options say that can be checked without weights: no NaN anywhere, the
-    tree, advantage, loss, pruning, fault and memory settings, the reward names and their extras,
-    the prompts, the batch sizes against the world size. Raises :class:`UserError` /
-    ``ValueError`` (one line)."""
-    # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
-    # from deep inside the optimizer that names no option
-    nans = [found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")]
-    if nans:
-        raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
-    model = config["model"]
-    try:
-        check_reward_names(model.get("reward"), _plain(model.get("reward_kwargs")) or {})
-    except (ValueError, ImportError) as err:
-        raise UserError(f"--model.reward: {err}") from err
-    tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
-    _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
-    _build("--model.pruning", lambda: PruningConfig(**_plain(model["pruning"])))
-    _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
-    _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
-    loss = _build("--model.loss", lambda: _loss(model.get("loss")))
-    adapter = model.get("adapter")
-    adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
-    adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
-    try:
-        check_settings(
-            tree,
-            minibatches=model["minibatches"],
-            accumulate=model["accumulate"],
-            inner_epochs=model["inner_epochs"],
-            grad_clip=model["grad_clip"],
-            val_samples=model["val_samples"],
-            edges_per_update=model["edges_per_update"],
-            adapter_num_steps=adapter_args.get("num_steps"),
-            prefix="--model.",
-        )
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    if loss is not None and loss.kl_beta > 0 and "lora" in adapter_args and adapter_args["lora"] is None:
-        raise UserError(
-            "--model.loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with "
-            "LoRA disabled); set --model.adapter.init_args.lora or --model.loss.kl_beta 0"
-        )
-    data = _plain(config["data"])
-    with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
-        warnings.simplefilter("ignore")
-        datamodule = PromptDataModule(**data)
-    world = _data_parallel_world(config["trainer"])
-    if world is not None:
-        datamodule.per_rank_batch_size(world)
-
-
-def _loss(spec: Any) -> ClippedPolicyLoss | None:
-    """The loss of a ``class_path`` / ``init_args`` spec, built (it holds no weights), or None."""
-    if spec is None:
-        return ClippedPolicyLoss()
-    if not isinstance(spec, Namespace) or "class_path" not in spec:
-        return None
-    module, _, name = spec["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return cls(**(_plain(spec.get("init_args")) or {}))
 
 
 class TreeGRPOCLI(LightningCLI):
@@ -375,7 +130,7 @@ class TreeGRPOCLI(LightningCLI):
         # string>"; read each one first, so the message names the file
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, (list, tuple)):
-            for path in _config_files(argv):
+            for path in config_files(argv):
                 check_yaml_file(path)
         super().parse_arguments(parser, args)
 
@@ -528,70 +283,21 @@ class TreeGRPOCLI(LightningCLI):
         self.config_init[self.subcommand]["ckpt_path"] = self._ckpt_path  # what the Trainer receives
 
 
-def _config_files(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """The files given to ``--config`` / ``-c`` in a command line."""
-    files = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            files.append(str(argv[i + 1]))
-        elif arg.startswith("--config="):
-            files.append(arg.split("=", 1)[1])
-    return files
-
-
-def check_yaml_file(path: str) -> None:
-    """Raise :class:`UserError` naming ``--config path`` when the file is not valid YAML."""
-    if not Path(path).is_file():
-        return  # jsonargparse's own error names the missing file
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8") from err
-    except OSError as err:
-        raise UserError(f"--config {path}: cannot read it: {explain_os_error(err)}") from err
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or first_line(err)
-        raise UserError(f"--config {path}: not valid YAML: {problem}{where}; fix the file") from err
-
-
-# numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
-# too many consecutive skips under skip): explained in one line, exit status 1
-RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
-# what the configuration, the files or the environment got wrong: one line, exit status 2. A
-# ValueError is the project's convention for a bad value (named in its message); every OSError is
-# about a file, a folder or the network; ImportError a missing package
-USER_ERRORS = (UserError, ValueError, OSError, ImportError, MisconfigurationException)
-
-
-def exit_status(err: BaseException) -> int | None:
-    """The status ``main`` exits with after printing ``err`` in one line; None: a bug, which keeps
-    its traceback."""
-    if isinstance(err, RUN_FAULTS):
-        return 1
-    if isinstance(err, CommandInterrupted):
-        return 128 + signal.SIGTERM
-    if isinstance(err, USER_ERRORS):
-        return 2
-    return None
-
-
-def one_line(err: BaseException) -> str:
-    """The message ``main`` prints for ``err``."""
-    if isinstance(err, MisconfigurationException):
-        return f"the trainer's settings (--trainer.*): {first_line(err)}"
-    if isinstance(err, OSError):
-        return explain_os_error(err)
-    return first_line(err)
+def quiet_known_warnings() -> None:
+    """Silence, for the whole process, the warnings that say nothing a user can act on. Both
+    Lightning warnings are by design here: adapters keep every submodule in eval mode (no dropout
+    in the policy), and the prompt stream is a pure function of the step, with nothing for loader
+    workers to do. The third is Lightning's own use of a torch API it has not caught up with."""
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(args: list[str] | None = None) -> None:
     """Console entry: run the CLI; an error from the configuration, files or environment becomes
     one line on stderr and exit status 2, a run stopped by a numerical fault one line and status 1,
     validate / test / predict stopped by SIGTERM one line and status 143."""
+    quiet_known_warnings()
     try:
         TreeGRPOCLI(args=args)
     except (*RUN_FAULTS, CommandInterrupted, *USER_ERRORS) as err:

@@ -10,203 +10,42 @@ Randomness is a pure function of ``(seed, iteration, global prompt position)``: 
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
 data-parallel run samples what one process with the same global batch samples.
 
-Faults (:class:`FaultPolicy`): NaN / inf rewards, a reward call that raises, a non-finite loss or
-gradient either stop the run with a message naming them (``error``) or are skipped and counted
-(``skip``). Decisions that change the number of backward passes or optimizer steps are taken
-together by all data-parallel ranks, so that no collective waits for a rank that skipped.
-Before the first batch is drawn, :class:`MemoryGuard` refuses a tree that cannot fit in memory.
+Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
+or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks.
+Before the first rollout, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
+cannot fit in memory.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import warnings
 import zlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from .core.advantages import METHODS, AdvantageMethod, StdScope, tree_advantages
-from .core.loss import ClippedPolicyLoss
-from .core.memory import cond_row_bytes, format_bytes, rollout_memory
+from .core.advantages import tree_advantages
+from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .core.pruning import PruningConfig, prune
-from .core.rollout import RolloutTree, recompute_log_probs, rollout, source_minibatches
+from .core.rollout import RolloutTree, rollout, source_minibatches
 from .core.spec import TreeSpec
-from .data import PromptBatch
-from .errors import first_line
+from .faults import FaultLedger, StepPlan, grads_finite
+from .memory_guard import RolloutGuard
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
-from .rewards import MultiReward, RewardModel, build_reward, check_reward_available
-from .rewards.base import ZERO_WEIGHTS, check_inputs
+from .predictions import save_predictions
+from .prompt_stream import PromptBatch
+from .resume import check_resumable, fingerprint
+from .rewards import RewardModel, build_rewards
+from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
+from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
-
-# Both are by design here: adapters keep every submodule in eval mode (no dropout in the policy),
-# and the prompt stream is a pure function of the step, with nothing for loader workers to do.
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
-warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
-# Lightning's own use of a torch API it has not caught up with; nothing a user can act on
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-
-
-@dataclass(frozen=True)
-class AdvantageSettings:
-    """How leaf rewards become per-edge advantages (``lit_treegrpo.core.advantages``)."""
-
-    method: AdvantageMethod = "mean"
-    """``mean`` (TreeGRPO code), ``logprob_softmax`` (TreeGRPO paper), ``branch_fusion``
-    (BranchGRPO) or ``parent_relative``."""
-    beta: float = 1.0
-    """Path-probability temperature of ``branch_fusion`` (0: uniform mean of leaf rewards)."""
-    clip: float | None = None
-    """Clamp advantages to ``[-clip, clip]`` before pruning (the loss clamps again at adv_clip)."""
-    std_scope: StdScope = "group"
-    """Std of the leaf normalisation: ``group`` (per prompt: TreeGRPO, DanceGRPO) or ``global``
-    (over all leaves of this process's batch, the mean still per prompt: Flow-GRPO's
-    ``global_std``). Not for ``branch_fusion``."""
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if self.std_scope not in ("group", "global"):
-            raise ValueError(f"advantage.std_scope must be 'group' or 'global', got {self.std_scope!r}")
-        if self.std_scope == "global" and self.method == "branch_fusion":
-            raise ValueError(
-                "advantage.std_scope global does not apply to branch_fusion, which normalises per "
-                "depth; use std_scope group"
-            )
-        if self.clip is not None and self.clip <= 0:
-            raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
-
-
-@dataclass(frozen=True)
-class FaultPolicy:
-    """What a training step does with NaN / inf rewards, a failing reward call, or a non-finite
-    loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
-
-    nonfinite: Literal["error", "skip"] = "error"
-    """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
-    and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
-    (the other prompts train as usual), skip the whole step when the reward call raises, skip the
-    optimizer step (gradients zeroed) when the loss or a gradient is not finite."""
-    max_consecutive_skips: int = 3
-    """With ``skip``: stop once this many training steps in a row made no update because of a
-    fault, naming the last cause."""
-
-    def __post_init__(self) -> None:
-        if self.nonfinite not in ("error", "skip"):
-            raise ValueError(f"faults.nonfinite must be 'error' or 'skip', got {self.nonfinite!r}")
-        if self.max_consecutive_skips < 1:
-            raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
-
-
-@dataclass(frozen=True)
-class MemoryGuard:
-    """Before the first batch is drawn, estimate its peak memory from the tree's shape
-    (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit."""
-
-    enabled: bool = True
-    """Run the check (false: start the rollout without estimating)."""
-    fraction: float = 0.9
-    """Refuse when the estimate exceeds this fraction of the available memory; the rest is
-    headroom for the model's activations, which the estimate does not count."""
-    available_gb: float | None = None
-    """Memory to compare against, in GB (1e9 bytes); null measures it: free device memory on CUDA,
-    MemAvailable of /proc/meminfo shared by the processes of this node on CPU."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.fraction <= 1.0:
-            raise ValueError(f"memory_guard.fraction must be in (0, 1], got {self.fraction}")
-        if self.available_gb is not None and self.available_gb <= 0:
-            raise ValueError(f"memory_guard.available_gb must be > 0 or null, got {self.available_gb}")
-
-
-class FaultWarning(RuntimeWarning):
-    """A fault that the ``skip`` policy skipped (the message says what and where)."""
-
-
-class FaultLimitError(RuntimeError):
-    """Too many consecutive training steps were skipped because of faults."""
-
-
-class RolloutMemoryError(ValueError):
-    """The memory guard refused a tree that cannot fit (a configuration error)."""
-
-
-FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
-
-
-def check_settings(
-    tree: TreeSpec,
-    *,
-    minibatches: int,
-    accumulate: int,
-    inner_epochs: int,
-    grad_clip: float | None,
-    val_samples: int = 1,
-    edges_per_update: int | None = None,
-    adapter_num_steps: int | None = None,
-    prefix: str = "",
-) -> None:
-    """The module's checks that need no model (the CLI runs them before any weights load);
-    ``prefix`` (``"--model."``) turns the names in the messages into command-line options."""
-    if adapter_num_steps is not None and tree.num_steps != adapter_num_steps:
-        raise ValueError(
-            f"{prefix}tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
-            f"{adapter_num_steps}; set both to the same value"
-        )
-    if tree.num_edges() == 0:
-        raise ValueError(
-            f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps"
-        )
-    if tree.num_leaves == 1:
-        # rewards are normalised among the leaves of a prompt: a single leaf is always 0
-        raise ValueError(
-            f"{prefix}tree has one leaf per prompt (num_trees 1, branching 1), so every advantage "
-            "would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"
-        )
-    for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
-                        ("val_samples", val_samples)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{prefix}{name} must be >= 1, got {value}")
-    if grad_clip is not None and grad_clip <= 0:
-        raise ValueError(f"{prefix}grad_clip must be > 0 or null, got {grad_clip}")
-    if edges_per_update is not None:
-        if edges_per_update < 1:
-            raise ValueError(f"{prefix}edges_per_update must be >= 1 or null, got {edges_per_update}")
-        if minibatches != 1:
-            raise ValueError(
-                f"{prefix}edges_per_update={edges_per_update} sets the number of optimizer steps from "
-                f"the kept edges, so minibatches={minibatches} would be ignored; keep minibatches 1"
-            )
-
-
-def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
-    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to,
-    checked without loading anything: known names, ``reward_kwargs`` naming only those, and every
-    extra package they need installed. A ready RewardModel (or a class spec) gives ``[]``."""
-    if isinstance(reward, str):
-        names = [reward]
-    elif isinstance(reward, dict):
-        if not reward:
-            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
-        if all(isinstance(w, (int, float)) and w == 0 for w in reward.values()):
-            raise ValueError(f"reward {reward}: {ZERO_WEIGHTS}")
-        names = list(reward)
-    else:
-        return []
-    unknown = set(kwargs) - set(names)
-    if unknown:
-        raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {names}")
-    for name in names:
-        check_reward_available(name)
-    return names
 
 
 class TreeGRPOModule(LightningModule):
@@ -270,16 +109,9 @@ class TreeGRPOModule(LightningModule):
         memory_guard: MemoryGuard = MemoryGuard(),
     ) -> None:
         super().__init__()
-        check_settings(
-            tree,
-            minibatches=minibatches,
-            accumulate=accumulate,
-            inner_epochs=inner_epochs,
-            grad_clip=grad_clip,
-            val_samples=val_samples,
-            edges_per_update=edges_per_update,
-            adapter_num_steps=adapter.num_steps,
-        )
+        check_settings(tree, minibatches=minibatches, accumulate=accumulate, inner_epochs=inner_epochs,
+                       grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
+                       adapter_num_steps=adapter.num_steps)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {})
         self.tree = tree
@@ -306,18 +138,23 @@ class TreeGRPOModule(LightningModule):
         self.val_samples = val_samples
         self.faults = faults
         self.memory_guard = memory_guard
-        self.fault_counts = dict.fromkeys(FAULT_COUNTERS, 0)  # restored from checkpoints
-        self._memory_checked = False  # once per fit, before the first rollout
+        self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
+        self.rollout_guard = RolloutGuard(memory_guard)  # checks once per fit, before the first rollout
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
 
+    @property
+    def fault_counts(self) -> dict[str, int]:
+        """The fault counters (:data:`lit_treegrpo.faults.FAULT_COUNTERS`), logged as ``faults/*``."""
+        return self.fault_ledger.counts
+
     # ------------------------------------------------------------------------ sharding
     def configure_model(self) -> None:
-        """FSDP2 under ``ModelParallelStrategy``: shard the denoiser's blocks, then the denoiser,
-        over the data-parallel mesh (frozen encoders and the VAE stay replicated; each rank keeps
-        whole prompt trees). Other strategies need nothing here."""
+        """FSDP2 under ``ModelParallelStrategy``: the adapter shards its denoiser over the
+        data-parallel mesh (:meth:`DiffusionAdapter.shard`; each rank keeps whole prompt trees).
+        Other strategies need nothing here."""
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):
@@ -328,14 +165,7 @@ class TreeGRPOModule(LightningModule):
                 "every weight, which this module's trainable-only checkpoints cannot resume from; set "
                 "trainer.strategy.init_args.save_distributed_checkpoint: false"
             )
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = self.device_mesh["data_parallel"]
-        denoiser = self.adapter.denoiser
-        for blocks in ("transformer_blocks", "down_blocks", "up_blocks"):
-            for block in getattr(denoiser, blocks, []):
-                fully_shard(block, mesh=mesh)
-        fully_shard(denoiser, mesh=mesh)
+        self.adapter.shard(self.device_mesh["data_parallel"])
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
@@ -370,194 +200,77 @@ class TreeGRPOModule(LightningModule):
         """Total reward [L] float32 and its components (empty for a single reward).
 
         Under the ``error`` policy a NaN / inf score raises (naming the reward and the prompts);
-        under ``skip`` it comes back as is, and the caller drops the prompts it belongs to.
+        under ``skip`` it comes back as is, and the fault ledger drops the prompts it belongs to.
         """
-        check = self.faults.nonfinite == "error"
-        if isinstance(self.reward, MultiReward):  # the total plus its named components
-            scores = self.reward.score(images, prompts, check=check)
-            return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
-        if check:
-            return self.reward(images, prompts).float(), {}
-        check_inputs(images, prompts, self.reward.name)  # malformed images stay errors
-        return self.reward.raw_scores(images, prompts).float(), {}
-
-    def _score_or_skip(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor], str | None]:
-        """:meth:`_score`; under ``skip`` a reward call that raises gives NaN rewards and the
-        exception's one-line message as the third value (``None`` when it ran)."""
-        if self.faults.nonfinite == "error":
-            return (*self._score(images, prompts), None)
-        try:
-            return (*self._score(images, prompts), None)
-        except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
-            cause = f"the reward raised {type(err).__name__}: {first_line(err)}"
-            warnings.warn(
-                f"iteration {self.iteration}: {cause}; skipping this training step "
-                f"(faults.nonfinite=skip)",
-                FaultWarning,
-                stacklevel=2,
-            )
-            return torch.full((len(prompts),), float("nan"), device=images.device), {}, cause
+        scores = self.reward.score(images, prompts, check=self.faults.nonfinite == "error")
+        return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
 
     # ------------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        """Roll out one tree per prompt, score its leaves, back up advantages, prune, and update the
+        policy on the kept edges. Faults go through :attr:`fault_ledger`."""
+        self._check_stream(batch)
+        timer, ledger, prompts = PhaseTimer(self.adapter.device), self.fault_ledger, batch.prompts
+        spec = self.tree.at(self.iteration)
+        first = self._first_position(batch)
+        gens = self._generators(0, first, len(prompts))
+        cond = self.adapter.encode_prompts(prompts)
+        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
+        self._guard_memory(spec, cond, noise, len(prompts))
+        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
+        timer.lap("rollout")
+
+        leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
+        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
+        scored = ledger.score(self._score, images, leaf_prompts, self.iteration)
+        timer.lap("reward")
+
+        screened = ledger.screen(scored.rewards, tree.leaf_prompt, len(prompts))
+        advantages = self._advantages(tree, screened.rewards)  # [E]
+        keep = prune(tree, advantages, self.pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
+        timer.lap("advantages")
+
+        plan = ledger.tally(scored, screened, keep, prompts, tree.leaf_prompt, iteration=self.iteration,
+                            sum_over_ranks=self._sum_over_ranks)  # fmt: skip
+        self._warn_if_nothing_kept(plan, tree)
+        update = self._update(tree, cond, advantages, keep, first) if plan.train else NO_UPDATE
+        timer.lap("train")
+        ledger.end_step(plan, update.steps, update.fault, self.iteration)
+
+        self.iteration += 1
+        self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps)
+        return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images)
+
+    def _check_stream(self, batch: PromptBatch) -> None:
         if batch.index != self.iteration:
             raise RuntimeError(
                 f"data stream at batch {batch.index} but the module at iteration {self.iteration}; "
                 "resume through the Trainer (--ckpt_path) so both restart together"
             )
-        timer = _Timer(self.adapter.device)
-        prompts = batch.prompts
-        P = len(prompts)
-        spec = self.tree.at(self.iteration)
-        first = self._first_position(batch)
-        gens = self._generators(0, first, P)
-        cond = self.adapter.encode_prompts(prompts)
-        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
-        if not self._memory_checked:
-            self._check_memory(spec, cond, noise, P)
-            self._memory_checked = True
-        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
-        t_rollout = timer.lap()
 
-        leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
-        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
-        rewards, components, failure = self._score_or_skip(images, leaf_prompts)
-        t_reward = timer.lap()
+    def _advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
+        """[E] one advantage per recorded edge from the leaves' rewards [L]."""
+        a = self.advantage
+        return tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method=a.method,
+                               edge_old_log_prob=tree.edge_old_log_prob, beta=a.beta, clip=a.clip,
+                               std_scope=a.std_scope)  # fmt: skip
 
-        finite = torch.isfinite(rewards)  # [L]
-        bad = torch.zeros(P, dtype=torch.bool, device=rewards.device)  # [P] prompts left out
-        train_rewards = rewards  # under ``error`` tree_advantages refuses NaN, naming the leaves
-        if self.faults.nonfinite == "skip":
-            # prompts with a NaN / inf leaf reward are dropped; normalisation is per prompt, so
-            # finite stand-ins (0) for their rewards leave every other prompt's advantages as they are
-            bad[tree.leaf_prompt[~finite]] = True
-            train_rewards = torch.where(bad[tree.leaf_prompt], torch.zeros_like(rewards), rewards)  # [L]
-        advantages = tree_advantages(
-            train_rewards,
-            tree.edge_parent,
-            tree.leaf_edge,
-            tree.leaf_prompt,
-            method=self.advantage.method,
-            edge_old_log_prob=tree.edge_old_log_prob,
-            beta=self.advantage.beta,
-            clip=self.advantage.clip,
-            std_scope=self.advantage.std_scope,
-        )
-        keep = prune(tree, advantages, self.pruning) & ~bad[tree.edge_prompt]  # [E]
-        t_backup = timer.lap()
-        zero_std = _constant_groups(train_rewards, tree.leaf_prompt, P) & ~bad  # [P]
-        dropped = 0 if failure is not None else int(bad.sum())
-        names: list[str] = []
-        if dropped:
-            names = sorted({prompts[i] for i in bad.nonzero().flatten().tolist()})
-            warnings.warn(
-                f"iteration {self.iteration}: non-finite rewards for {dropped} of {P} prompts "
-                f"{names[:8]}; these prompts are left out of this step (faults.nonfinite=skip)",
-                FaultWarning,
-                stacklevel=2,
-            )
-        # one collective for the step: whether anything trains on any rank, and the step's faults
-        failed, kept, dropped_all, zero_std_all = self._sum_over_ranks(
-            [failure is not None, bool(keep.any()), dropped, int(zero_std.sum())]
-        )
-        self.fault_counts["skipped_groups"] += dropped_all
-        self.fault_counts["zero_std_groups"] += zero_std_all
-        cause = failure or (f"non-finite rewards for prompts {names[:8]}" if dropped else None)
-        faulty = bool(failed or dropped_all)  # the same on every rank
-        if not kept and not failed and not dropped_all and not self._warned_nothing_kept:
-            self._warned_nothing_kept = True
-            warnings.warn(
-                f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this "
-                f"step trains nothing ({self.pruning}); check --model.pruning or the PruningSchedule "
-                "callback (warned once)",
-                UserWarning,
-                stacklevel=2,
-            )
-        if failed or (not kept and dropped_all):  # a fault left nothing to train, on every rank
-            stats = None
-            updated = False
-        else:
-            stats = self._train_on(tree, cond, advantages, keep, first)
-            updated = stats["updates"] > 0
-            faulty = faulty or stats["cause"] is not None
-            cause = stats["cause"] or cause
-        t_train = timer.lap()
-        self._count_step(updated, faulty, cause or "a fault on another data-parallel rank")
-
-        self.iteration += 1
-        self._log_step(rewards[finite], tree, keep, advantages, stats, P, (t_rollout, t_reward, t_backup, t_train))
-        out = {"rewards": rewards.detach(), "reward_components": components, "leaf_prompts": leaf_prompts,
-               "images": images}  # fmt: skip
-        if bad.any():  # the callbacks see only the prompts that trained (no copy of the images otherwise)
-            kept_leaves = ~bad[tree.leaf_prompt]  # [L]
-            out = {
-                "rewards": out["rewards"][kept_leaves],
-                "reward_components": {k: v[kept_leaves] for k, v in components.items()},
-                "leaf_prompts": [p for p, k in zip(leaf_prompts, kept_leaves.tolist()) if k],
-                "images": images[kept_leaves],
-            }
-        return out
-
-    def _count_step(self, updated: bool, faulty: bool, cause: str) -> None:
-        """Count a step that made no update because of a fault; stop when
-        ``faults.max_consecutive_skips`` of them come in a row. ``updated`` and ``faulty`` are the
-        same on every rank, so all ranks count alike and stop together."""
-        if updated:
-            self.fault_counts["consecutive"] = 0
+    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree) -> None:
+        """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
+        if plan.kept or plan.faulty or self._warned_nothing_kept:
             return
-        if not faulty:  # nothing trained without a fault (e.g. pruning kept no edge)
-            return
-        self.fault_counts["skipped_steps"] += 1
-        self.fault_counts["consecutive"] += 1
-        if self.fault_counts["consecutive"] >= self.faults.max_consecutive_skips:
-            raise FaultLimitError(
-                f"{self.fault_counts['consecutive']} training steps in a row were skipped "
-                f"(faults.max_consecutive_skips={self.faults.max_consecutive_skips}), up to iteration "
-                f"{self.iteration}; last cause: {cause}; fix the reward or lower the learning rate, "
-                "or resume from the last checkpoint with --ckpt_path last"
-            )
+        self._warned_nothing_kept = True
+        message = (
+            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
+            f"nothing ({self.pruning}); check --model.pruning or the PruningSchedule callback (warned once)"
+        )
+        warnings.warn(message, UserWarning, stacklevel=3)
 
-    def _log_step(
-        self,
-        finite_rewards: Tensor,
-        tree: RolloutTree,
-        keep: Tensor,
-        advantages: Tensor,
-        stats: dict[str, Any] | None,
-        B: int,
-        times: tuple[float, float, float, float],
-    ) -> None:
-        t_rollout, t_reward, t_backup, t_train = times
-        if finite_rewards.numel():
-            self.log("reward", finite_rewards.mean(), prog_bar=True, batch_size=B)
-        metrics: dict[str, Any] = {
-            "train/edges_kept": keep.float().sum(),
-            "train/edges": float(tree.num_edges),
-            "adv/mean": advantages.mean() if advantages.numel() else 0.0,
-            "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
-            "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
-            "nfe/rollout": float(tree.nfe),
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
-            "time/advantages_s": t_backup,
-            "time/train_s": t_train,
-            "iteration": float(self.iteration),
-        }
-        metrics.update({f"faults/{name}": float(value) for name, value in self.fault_counts.items()})
-        if stats is not None:
-            self.log("loss", stats["loss"], prog_bar=True, batch_size=B)
-            metrics.update(
-                {
-                    "train/clip_frac": stats["clip_frac"],
-                    "train/approx_kl": stats["approx_kl"],
-                    "train/ratio_mean": stats["ratio_mean"],
-                    "train/kl": stats["kl"],
-                    "train/policy_loss": stats["policy_loss"],
-                    "train/forwards": float(stats["forwards"]),
-                    "nfe/train": float(stats["forwards"]),
-                }
-            )
-        self.log_dict(metrics, batch_size=B)
+    def _log_step(self, rewards: Tensor, tree: RolloutTree, keep: Tensor, advantages: Tensor, update: Update,
+                  num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
+        metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
+        self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
+        self.log_dict(metrics.logged, batch_size=num_prompts)
 
     def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
         """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
@@ -573,18 +286,16 @@ class TreeGRPOModule(LightningModule):
             return decision
         return self.trainer.strategy.reduce_boolean_decision(decision, all=False)
 
-    def _train_on(
-        self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int
-    ) -> dict[str, Any]:
-        """Clipped policy-gradient updates over the kept edges; returns averaged statistics, the
-        number of optimizer steps taken (``updates``) and the last fault (``cause``, or None)."""
+    # ------------------------------------------------------------------------ update
+    def _update(self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int) -> Update:
+        """Clipped policy-gradient updates over the kept edges: ``inner_epochs`` passes, each
+        shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
+        them; a step whose loss or gradient is not finite is refused through the fault ledger."""
         optimizer = self.optimizers()
         shuffle = torch.Generator().manual_seed((self.seed * _MIX + self.iteration) * _MIX + first_position + 1)
-        sums: dict[str, Tensor] = {}
-        micro = 0
-        forwards = 0
-        updates = 0
-        cause = None
+        totals: list[Any] = [0.0] * len(LossOutput._fields)
+        micro = forwards = steps = 0
+        fault = None
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         num_updates = self._updates_per_epoch(keep)
         for _ in range(self.inner_epochs):
@@ -592,46 +303,33 @@ class TreeGRPOModule(LightningModule):
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
                 with optimizer.toggle_model(sync_grad=last):
-                    loss, out, n = self._edge_loss(tree, cond, advantages, edges)
+                    loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
                     # backpropagated even when it is not finite: every rank must run the same
                     # backward passes; the optimizer step below is what the check refuses
                     if bad_loss is None and not bool(torch.isfinite(loss)):
                         bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
                     self.manual_backward(loss / self.accumulate)
-                forwards += n
-                micro += 1
-                for key, value in out.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                if last:
-                    if self.grad_clip is not None:
-                        self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                    problem = bad_loss or (
-                        None if self._grads_finite() else f"non-finite gradient at iteration {self.iteration}"
-                    )
-                    bad_loss = None
-                    if self._any_rank(problem is not None):
-                        problem = problem or f"a non-finite loss or gradient on another rank at iteration {self.iteration}"
-                        optimizer.zero_grad(set_to_none=True)
-                        if self.faults.nonfinite == "error":
-                            raise FloatingPointError(
-                                f"{problem}; no optimizer step was taken (set --model.faults.nonfinite skip "
-                                "to skip such steps)"
-                            )
-                        self.fault_counts["skipped_updates"] += 1
-                        cause = problem
-                        warnings.warn(f"{problem}; optimizer step skipped (faults.nonfinite=skip)", FaultWarning, stacklevel=2)
-                        continue
-                    optimizer.step()
+                forwards, micro = forwards + n, micro + 1
+                totals = [total + value for total, value in zip(totals, stats)]
+                if not last:
+                    continue
+                if self.grad_clip is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+                problem = bad_loss
+                if problem is None and not grads_finite(self.adapter.trainable_parameters()):
+                    problem = f"non-finite gradient at iteration {self.iteration}"
+                bad_loss = None
+                if self._any_rank(problem is not None):
                     optimizer.zero_grad(set_to_none=True)
-                    updates += 1
+                    fault = self.fault_ledger.refuse_update(problem, self.iteration)
+                    continue
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps += 1
         scheduler = self.lr_schedulers()
-        if scheduler is not None and updates:
+        if scheduler is not None and steps:
             scheduler.step()
-        stats = {k: v / max(micro, 1) for k, v in sums.items()}
-        stats["forwards"] = forwards
-        stats["updates"] = updates
-        stats["cause"] = cause
-        return stats
+        return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
 
     def _updates_per_epoch(self, keep: Tensor) -> int:
         """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
@@ -644,32 +342,17 @@ class TreeGRPOModule(LightningModule):
 
     def _edge_loss(
         self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor], int]:
-        """Loss of one micro-batch of edges (a zero loss on the parameters if it is empty, so
-        every data-parallel rank runs the same backward passes)."""
+    ) -> tuple[Tensor, LossOutput, int]:
+        """Loss of one micro-batch of edges, its detached statistics and its model forwards (a
+        zero loss on the parameters if it is empty, so every data-parallel rank runs the same
+        backward passes)."""
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
-            return zero, {k: torch.zeros((), device=zero.device) for k in _LOSS_STATS}, 0
-        new = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
-        ref_mean = None
-        forwards = new.num_forwards
-        if self.loss_fn.kl_beta > 0:
-            with torch.no_grad(), self.adapter.reference():
-                ref = recompute_log_probs(self.adapter.predict, self.adapter.step, tree, edges, cond)
-            ref_mean = ref.step.mean
-            forwards += ref.num_forwards  # the reference's forwards are model evaluations too
-        out = self.loss_fn(
-            new.step.log_prob,
-            tree.edge_old_log_prob[edges],
-            advantages[edges],
-            group=new.group,
-            mean=new.step.mean,
-            ref_mean=ref_mean,
-            std=new.step.std,
-            step_size=self._kl_step_size(tree.edge_step[edges]),
-        )
-        stats = {k: getattr(out, k).detach() for k in _LOSS_STATS}
-        return out.loss, stats, forwards
+            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), 0
+        reference = self.adapter.reference if self.loss_fn.kl_beta > 0 else None
+        out, forwards = edge_loss(self.loss_fn, self.adapter.predict, self.adapter.step, tree, edges, cond, advantages,
+                                  reference=reference, step_size=self._kl_step_size(tree.edge_step[edges]))  # fmt: skip
+        return out.loss, LossOutput(*(value.detach() for value in out)), forwards
 
     def _kl_step_size(self, step_index: Tensor) -> Tensor | None:
         """[B] |dt| of each edge's step, which only Flow-GRPO's KL form uses."""
@@ -678,65 +361,20 @@ class TreeGRPOModule(LightningModule):
         assert isinstance(self.adapter, FlowMatchingAdapter)  # checked in __init__
         return self.adapter.step_size(step_index)
 
-    def _grads_finite(self) -> bool:
-        """Whether every local gradient is finite (one device sync for all parameters)."""
-        # FSDP2 gradients are DTensors: each rank checks its own shard
-        grads = [
-            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            for p in self.adapter.trainable_parameters()
-            if p.grad is not None
-        ]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-
     # ------------------------------------------------------------------------ memory
-    def _check_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
-        """Refuse a rollout whose recorded tensors cannot fit (see :class:`MemoryGuard`); every
-        rank decides together, so none is left waiting in a collective."""
-        guard = self.memory_guard
-        if not guard.enabled:
-            return
-        estimate = rollout_memory(
-            spec,
-            num_prompts,
-            tuple(noise.shape[1:]),
-            noise.dtype,
-            cond_bytes=cond_row_bytes(cond),
-            cfg=self.adapter.do_cfg,
-        )
-        available, where = self._available_memory()
-        if available is None:
-            warnings.warn(
-                f"memory guard: the available memory is {where}, so the rollout's estimated "
-                f"{estimate.describe()} is not checked; give --model.memory_guard.available_gb",
-                stacklevel=2,
-            )
-        limit = None if available is None else available * guard.fraction
-        refuse = limit is not None and estimate.total > limit
-        if not self._any_rank(refuse):
-            return
-        if not refuse:
-            raise RolloutMemoryError("memory guard: another data-parallel rank cannot fit the rollout; see its message")
-        raise RolloutMemoryError(
-            f"memory guard: one rollout needs about {estimate.describe()} for {num_prompts} prompts x "
-            f"{spec.num_leaves} leaves on this rank, but {format_bytes(available)} is available ({where}; "
-            f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.tree.max_batch, "
-            "the branching or num_trees, or set --model.memory_guard.enabled false to skip this check"
-        )
+    def _guard_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
+        """The memory guard at the first training step, unless it ran before the data."""
+        if not self.rollout_guard.checked:
+            self.rollout_guard.check(self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(),
+                                     any_rank=self._any_rank)  # fmt: skip
 
     def _available_memory(self) -> tuple[int | None, str]:
         """(bytes available to this rank, where the number comes from)."""
-        if self.memory_guard.available_gb is not None:
-            return int(self.memory_guard.available_gb * 1e9), "--model.memory_guard.available_gb"
-        device = self.adapter.device
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[0], f"free on {device}"
-        if device.type != "cpu":
-            return None, f"not measured on {device.type}"
-        available = _mem_available()
-        processes = max(self.trainer.num_devices, 1)  # processes of this node share its memory
-        if available is None:
-            return None, "MemAvailable unknown"
-        return available // processes, f"MemAvailable / {processes} process(es) of this node"
+        return self.rollout_guard.available(self.adapter.device, self._node_processes())
+
+    def _node_processes(self) -> int:
+        """The processes of this node, which share its memory."""
+        return max(self.trainer.num_devices, 1)
 
     # ------------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -767,147 +405,45 @@ class TreeGRPOModule(LightningModule):
 
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:
         """Write one PNG per prompt under ``<default_root_dir>/predictions``; returns the paths."""
-        from PIL import Image
-
         folder = Path(self.trainer.default_root_dir) / "predictions"
-        folder.mkdir(parents=True, exist_ok=True)
-        images = self.sample(batch.prompts, self.val_seed)
-        pixels = (images.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
-        paths = []
-        for i, (prompt, array) in enumerate(zip(batch.prompts, pixels)):
-            path = folder / f"{batch.index:05d}_{i:02d}_{_slug(prompt)}.png"
-            Image.fromarray(array).save(path)
-            paths.append(str(path))
-        return paths
+        return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
-        self._memory_checked = False
         self._sync_data_stream()
-        self._check_memory_before_data()
+        self.rollout_guard.before_data(self.adapter, self._datamodule(), self.tree.at(self.iteration),
+                                       processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
 
-    def _check_memory_before_data(self) -> None:
-        """The memory guard before the first batch is drawn (and before the sanity check's
-        sampling): the prompts per rank come from the datamodule, the conditioning's size from one
-        training prompt. Without a :class:`PromptDataModule` the check waits for the first step."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if not self.memory_guard.enabled or not hasattr(datamodule, "per_rank_batch_size"):
-            return
-        num_prompts = datamodule.per_rank_batch_size()
-        train_prompts = datamodule.train_set.prompts
-        device = self.adapter.device
-        with torch.no_grad():
-            cond = self.adapter.encode_prompts(train_prompts[:1])
-            noise = self.adapter.initial_noise(1, torch.Generator(device).manual_seed(0))  # [1, *S]
-        self._check_memory(self.tree.at(self.iteration), cond, noise, num_prompts)
-        self._memory_checked = True
+    def _datamodule(self) -> Any:
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
     def _sync_data_stream(self) -> None:
         """Start the prompt stream where the module is (0, or the resumed iteration)."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self._datamodule()
         if datamodule is not None and hasattr(datamodule, "start_index"):
             datamodule.start_index = self.iteration
 
+    def _trainable_names(self) -> list[str]:
+        return [n for n, p in self.named_parameters() if p.requires_grad]
+
     def _fingerprint(self) -> dict[str, Any]:
-        return {
-            "adapter": type(self.adapter).__name__,
-            "num_steps": self.adapter.num_steps,
-            "tree": asdict(self.tree),
-            "trainable": sorted(n for n, p in self.named_parameters() if p.requires_grad),
-        }
+        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, self._trainable_names())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        trainable = set(self._trainable_names())
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         checkpoint["lit_treegrpo"] = {
             "iteration": self.iteration,
             "fingerprint": self._fingerprint(),
-            "faults": dict(self.fault_counts),
+            "faults": self.fault_ledger.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("lit_treegrpo")
         if saved is None:
             raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
-        mine = self._fingerprint()
-        for key in ("adapter", "num_steps", "trainable"):
-            if saved["fingerprint"][key] != mine[key]:
-                raise ValueError(
-                    f"the checkpoint's {key} differs from this run's configuration; resume with the "
-                    f"configuration it was trained with"
-                )
-        # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default
-        if asdict(TreeSpec.from_dict(saved["fingerprint"]["tree"])) != mine["tree"]:
-            raise ValueError(
-                f"the checkpoint was trained with tree {saved['fingerprint']['tree']}, this run has "
-                f"{mine['tree']}; resume with the same --model.tree"
-            )
         # (a sharded strategy loads the weights itself and hands over no "state_dict")
-        missing = set(mine["trainable"]) - set(checkpoint.get("state_dict", mine["trainable"]))
-        if missing:
-            raise ValueError(f"the checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
+        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
         self.iteration = int(saved["iteration"])
-        # checkpoints from before the fault counters existed start them at 0
-        self.fault_counts = {**dict.fromkeys(FAULT_COUNTERS, 0), **saved.get("faults", {})}
+        self.fault_ledger.load_state_dict(saved.get("faults", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
-
-
-def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
-    """A RewardModel from a name, a name -> weight mapping, or a ready model (validated early)."""
-    names = check_reward_names(reward, kwargs)
-    if isinstance(reward, str):
-        return build_reward(reward, **kwargs.get(reward, {}))
-    if isinstance(reward, dict):
-        models = {name: build_reward(name, **kwargs.get(name, {})) for name in names}
-        return MultiReward(models, weights=dict(reward))
-    if not isinstance(reward, RewardModel):
-        raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
-    if kwargs:
-        raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
-    return reward
-
-
-_LOSS_STATS = ("loss", "policy_loss", "kl", "ratio_mean", "clip_frac", "approx_kl")
-
-
-class _Timer:
-    """Wall-clock laps that wait for queued GPU work, so each phase is charged its own time."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.last = self._now()
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        now = self._now()
-        elapsed, self.last = now - self.last, now
-        return elapsed
-
-
-def _constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Tensor:
-    """[P] bool: prompts whose leaves all got the same reward (their advantages are exactly 0)."""
-    hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
-    lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
-    return hi == lo
-
-
-def _mem_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (Linux), else psutil's, else None."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB
-    try:
-        import psutil
-    except ImportError:  # optional: without it (and without /proc) the guard cannot measure
-        return None
-    return int(psutil.virtual_memory().available)
-
-
-def _slug(text: str, length: int = 40) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text.lower())[:length].strip("_") or "prompt"

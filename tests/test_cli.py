@@ -224,7 +224,8 @@ def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path,
 
 
 def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_model) -> None:
-    from lit_treegrpo.cli import DEBUG_ENV, UserError, main
+    from lit_treegrpo.cli import DEBUG_ENV, main
+    from lit_treegrpo.cli_errors import UserError
 
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(UserError, match="--model.tree.branchng: no such option"):  # raised, not printed
@@ -383,7 +384,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_path: Path, capsys, monkeypatch) -> None:
-    from lit_treegrpo.data import PromptStream
+    from lit_treegrpo.prompt_stream import PromptStream
 
     drawn = []
     batch = PromptStream.batch

@@ -38,3 +38,16 @@ def test_callbacks_install_as_a_subpackage() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True
     )
     assert Path(result.stdout.strip()).parent.name == "callbacks"
+
+
+def test_importing_the_package_sets_no_warning_filter_and_main_does() -> None:
+    # process-wide filters belong to the program's start (cli.main), not to an import
+    code = (
+        "import warnings, lit_treegrpo.module, lit_treegrpo.cli as cli\n"
+        "ours = lambda: [f for f in warnings.filters if f[1] is not None and 'eval mode at the start' in f[1].pattern]\n"
+        "before = len(ours())\n"
+        "cli.quiet_known_warnings()\n"
+        "print(before, len(ours()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.split() == ["0", "1"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
@@ -9,17 +11,12 @@ import torch
 from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, TreeSpec
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
+from lit_treegrpo.faults import FaultLimitError, FaultWarning
+from lit_treegrpo.memory_guard import RolloutMemoryError
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import (
-    AdvantageSettings,
-    FaultLimitError,
-    FaultPolicy,
-    FaultWarning,
-    MemoryGuard,
-    RolloutMemoryError,
-    TreeGRPOModule,
-)
+from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.rewards import Brightness, RewardModel
+from lit_treegrpo.settings import AdvantageSettings, FaultPolicy, MemoryGuard
 from tests.probes import FlakyReward
 
 T = 3
@@ -435,6 +432,30 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     saved["tree"]["branching"] = 3  # still another tree is refused
     with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
+
+
+def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
+    # tests/checkpoints/tiny_sd3_step2.ckpt: 2 steps (one prompt dropped for a NaN reward) written by
+    # the code before module.py was split (make_tiny_checkpoint.py). Resumed to step 4 it ends where
+    # an uninterrupted run of this code ends, bitwise, with the same fault counters.
+    from tests.checkpoints import make_tiny_checkpoint as made
+
+    committed = Path(made.__file__).with_name(made.NAME)
+    full, resumed, log = made.model(), made.model(), _ParameterLog()
+    made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
+    made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False, callbacks=[log]).fit(
+        resumed, made.data(), ckpt_path=committed
+    )
+    assert resumed.iteration == full.iteration == 4 and len(log.after) == 2  # steps 2 and 3 ran, resumed
+    assert resumed.fault_counts == full.fault_counts and full.fault_counts["skipped_groups"] >= 1
+    assert _same(list(resumed.adapter.trainable_parameters()), list(full.adapter.trainable_parameters()))
+    # and this code writes the entry in the same format: the same keys, fingerprint and counters
+    saved = torch.load(committed, map_location="cpu", weights_only=True)["lit_treegrpo"]
+    mine = {"state_dict": full.state_dict()}
+    full.on_save_checkpoint(mine)
+    assert list(mine["lit_treegrpo"]) == list(saved) == ["iteration", "fingerprint", "faults"]
+    assert mine["lit_treegrpo"]["fingerprint"] == saved["fingerprint"]
+    assert list(mine["lit_treegrpo"]["faults"]) == list(saved["faults"])
 
 
 def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:

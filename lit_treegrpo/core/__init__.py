@@ -5,11 +5,11 @@
 - :mod:`.rollout`: grow the tree, one batched model call per depth; recompute edge log-probs.
 - :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
 - :mod:`.pruning`: width / depth pruning -> edge masks.
-- :mod:`.loss`: :class:`ClippedPolicyLoss`.
+- :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
 """
 
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
-from .loss import ClippedPolicyLoss, LossOutput
+from .loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .pruning import PruningConfig, prune
 from .rollout import (
     EdgeLogProbs,
@@ -34,6 +34,7 @@ __all__ = [
     "WindowSchedule",
     "combine_rewards",
     "ddim_step",
+    "edge_loss",
     "flow_sde_step",
     "gaussian_log_prob",
     "index_cond",

@@ -18,10 +18,14 @@ groups. Without groups every edge is its own group (flat GRPO: both are the plai
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+from .rollout import PredictFn, RolloutTree, StepFn, recompute_log_probs
 
 Aggregation = Literal["sum", "mean"]
 KLForm = Literal["exact", "flow_grpo"]
@@ -155,3 +159,47 @@ class ClippedPolicyLoss(nn.Module):
         if self.aggregation == "mean":
             per_group = per_group / torch.bincount(g, minlength=G)
         return per_group.mean()
+
+
+def edge_loss(
+    loss_fn: ClippedPolicyLoss,
+    predict: PredictFn,
+    step: StepFn,
+    tree: RolloutTree,
+    edges: Tensor,
+    cond: Any,
+    advantages: Tensor,
+    *,
+    reference: Callable[[], AbstractContextManager[Any]] | None = None,
+    step_size: Tensor | None = None,
+) -> tuple[LossOutput, int]:
+    """The loss of the recorded edges ``edges`` [B] (non-empty) under the current policy, and the
+    model forwards it took.
+
+    The log-probs are recomputed with grad (:func:`~lit_treegrpo.core.rollout.recompute_log_probs`:
+    one forward per distinct parent); with ``loss_fn.kl_beta > 0`` the reference means are
+    recomputed without grad inside ``reference()`` (e.g. the model with LoRA disabled), and their
+    forwards count too. ``advantages`` [E] are the whole tree's; ``step_size`` [B] is ``|dt|`` of each
+    edge's step, for ``kl_form="flow_grpo"``.
+    """
+    new = recompute_log_probs(predict, step, tree, edges, cond)
+    ref_mean = None
+    forwards = new.num_forwards
+    if loss_fn.kl_beta > 0:
+        if reference is None:
+            raise ValueError("kl_beta > 0 needs the reference model: pass reference=")
+        with torch.no_grad(), reference():
+            ref = recompute_log_probs(predict, step, tree, edges, cond)
+        ref_mean = ref.step.mean  # [B, *S]
+        forwards += ref.num_forwards  # the reference's forwards are model evaluations too
+    out = loss_fn(
+        new.step.log_prob,
+        tree.edge_old_log_prob[edges],
+        advantages[edges],
+        group=new.group,
+        mean=new.step.mean,
+        ref_mean=ref_mean,
+        std=new.step.std,
+        step_size=step_size,
+    )
+    return out, forwards

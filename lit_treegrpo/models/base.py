@@ -179,6 +179,9 @@ class DiffusionAdapter(nn.Module, ABC):
     denoiser: nn.Module
     pipeline: Any  # the diffusers pipeline the components came from (not a module)
     lora_layers_arg: str  # save_lora_weights keyword of the denoiser: "unet" / "transformer"
+    #: the denoiser's block lists that :meth:`shard` shards one block at a time (diffusers' names:
+    #: SD3Transformer2DModel's ``transformer_blocks``, UNet2DConditionModel's down / up blocks)
+    shard_blocks: tuple[str, ...] = ("transformer_blocks", "down_blocks", "up_blocks")
 
     def __init__(
         self,
@@ -253,6 +256,16 @@ class DiffusionAdapter(nn.Module, ABC):
             yield
         finally:
             self.denoiser.enable_adapters()
+
+    def shard(self, mesh: Any) -> None:
+        """FSDP2 over the data-parallel ``mesh``: shard each block of :attr:`shard_blocks`, then
+        the denoiser. Frozen encoders and the VAE stay replicated."""
+        from torch.distributed.fsdp import fully_shard
+
+        for blocks in self.shard_blocks:
+            for block in getattr(self.denoiser, blocks, []):
+                fully_shard(block, mesh=mesh)
+        fully_shard(self.denoiser, mesh=mesh)
 
     def _guided(self, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
         """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do."""

@@ -3,14 +3,18 @@
 ``build_reward("pickscore")`` loads PickScore_v1 from the hub cache; keyword arguments go to the
 reward's loader (``build_reward("hps", checkpoint="v2.0")``,
 ``build_reward("aesthetic", head="path/to/sac+logos+ava1-l14-linearMSE.pth")``).
+:func:`build_rewards` builds what a config's ``model.reward`` says (a name, a name -> weight
+mapping, or a ready model); :func:`check_reward_names` checks it without loading anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from lit_treegrpo.rewards.aesthetic import Aesthetic
 from lit_treegrpo.rewards.base import (
+    ZERO_WEIGHTS,
     MultiReward,
     NonFiniteRewardError,
     RewardLoadError,
@@ -66,6 +70,44 @@ def build_reward(name: str, **kwargs) -> RewardModel:
     return REWARDS[name](**kwargs)
 
 
+def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
+    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to,
+    checked without loading anything: known names, ``reward_kwargs`` naming only those, and every
+    extra package they need installed. A ready RewardModel (or a class spec) gives ``[]``."""
+    if isinstance(reward, str):
+        names = [reward]
+    elif isinstance(reward, dict):
+        if not reward:
+            raise ValueError("reward: the name -> weight mapping is empty; name at least one reward")
+        if all(isinstance(w, (int, float)) and w == 0 for w in reward.values()):
+            raise ValueError(f"reward {reward}: {ZERO_WEIGHTS}")
+        names = list(reward)
+    else:
+        return []
+    unknown = set(kwargs) - set(names)
+    if unknown:
+        raise ValueError(f"reward_kwargs names {sorted(unknown)}, which are not among the rewards {names}")
+    for name in names:
+        check_reward_available(name)
+    return names
+
+
+def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
+    """A RewardModel from a name (``kwargs[name]`` its loader's arguments), a name -> weight
+    mapping (a :class:`MultiReward`), or a ready model (validated before anything loads)."""
+    names = check_reward_names(reward, kwargs)
+    if isinstance(reward, str):
+        return build_reward(reward, **kwargs.get(reward, {}))
+    if isinstance(reward, dict):
+        models = {name: build_reward(name, **kwargs.get(name, {})) for name in names}
+        return MultiReward(models, weights=dict(reward))
+    if not isinstance(reward, RewardModel):
+        raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
+    if kwargs:
+        raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
+    return reward
+
+
 __all__ = [
     "REQUIREMENTS",
     "REWARDS",
@@ -85,5 +127,7 @@ __all__ = [
     "ShapesAnalysis",
     "ShapesReward",
     "build_reward",
+    "build_rewards",
     "check_reward_available",
+    "check_reward_names",
 ]

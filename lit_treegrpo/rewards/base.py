@@ -298,6 +298,18 @@ class RewardModel(nn.Module):
         check_finite(scores, self.name, prompts)
         return scores
 
+    def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
+        """The score [B] and its named components (none for a single reward; see MultiReward).
+
+        ``check=False`` lets NaN / inf scores through instead of raising (the inputs are still
+        validated), for a caller that drops the affected prompts itself (the module's ``skip``
+        fault policy).
+        """
+        if check:
+            return RewardScores(self(images, prompts), {})
+        check_inputs(images, prompts, self.name)
+        return RewardScores(self.raw_scores(images, prompts), {})
+
     def param_dtype(self) -> torch.dtype:
         """dtype of the first floating parameter (float32 for parameter-free rewards)."""
         for p in self.parameters():
@@ -310,7 +322,8 @@ class RewardModel(nn.Module):
 
 
 class RewardScores(NamedTuple):
-    """What :meth:`MultiReward.score` returns: the aggregate and every component, for logging."""
+    """What :meth:`RewardModel.score` returns: the score and, for a MultiReward, every component
+    (for logging)."""
 
     total: Tensor  # [B] float32
     components: dict[str, Tensor]  # name -> [B] float32 raw (un-normalised) scores
@@ -384,9 +397,8 @@ class MultiReward(RewardModel):
     def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
         """Aggregate [B] and the raw component scores [B] of every reward.
 
-        ``check=False`` lets NaN / inf scores through instead of raising (the inputs are still
-        validated): a caller that drops the affected prompts itself (the module's ``skip`` fault
-        policy). Normalisation is per prompt, so a non-finite score spoils only its own prompt.
+        ``check=False`` as in :meth:`RewardModel.score`. Normalisation is per prompt, so a
+        non-finite score spoils only its own prompt.
         """
         check_inputs(images, prompts, self.name)
         components: dict[str, Tensor] = {}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
-from lit_treegrpo.core.loss import ClippedPolicyLoss
+from lit_treegrpo.core.loss import ClippedPolicyLoss, edge_loss
+from lit_treegrpo.core.rollout import recompute_log_probs, rollout
+from lit_treegrpo.core.spec import TreeSpec
+
+from .helpers import ToyFlow
 
 
 def lp_for(ratios: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,3 +137,41 @@ def test_constructor_validation(kwargs: dict, message: str) -> None:
 def test_shape_validation() -> None:
     with pytest.raises(ValueError, match="advantages has shape"):
         ClippedPolicyLoss()(torch.zeros(3), torch.zeros(3), torch.zeros(2))
+
+
+def test_edge_loss_recomputes_the_edges_and_counts_the_reference_forwards() -> None:
+    # k=2 at steps 0 and 1 of T=4: 2 + 4 recorded edges per prompt; take the two children of one parent
+    spec = TreeSpec(4, branch_steps=(0, 1), branching=2)
+    model, gen = ToyFlow(4), torch.Generator().manual_seed(0)
+    cond = torch.tensor([0.0, 0.5])  # [P]
+    tree = rollout(model.predict, model.step, spec, cond, torch.randn((2, 2, 3, 3), generator=gen), generator=gen)
+    advantages = torch.linspace(-1.0, 1.0, tree.num_edges)  # [E]
+    kids = (tree.edge_source == tree.edge_source[-1]).nonzero().squeeze(1)  # [2]
+    model.calls.clear()
+    out, forwards = edge_loss(ClippedPolicyLoss(), model.predict, model.step, tree, kids, cond, advantages)
+    # the sampling policy itself: ratio exactly 1, so each edge's loss is -A; aggregation "sum" over
+    # the one group (the parent), mean over groups: -(A_1 + A_2). One forward serves both children.
+    assert forwards == 1 and model.calls == [1] and kids.numel() == 2
+    assert out.ratio_mean == 1.0 and out.kl == 0.0
+    torch.testing.assert_close(out.loss, -advantages[kids].sum(), rtol=0, atol=1e-6)
+
+    @contextlib.contextmanager
+    def reference():  # another model: v = 0.3 x + cond
+        a, model.a = model.a, 0.3
+        try:
+            yield
+        finally:
+            model.a = a
+
+    kl_loss = ClippedPolicyLoss(kl_beta=0.5)
+    model.calls.clear()
+    out, forwards = edge_loss(kl_loss, model.predict, model.step, tree, kids, cond, advantages, reference=reference)
+    assert forwards == 2 and model.calls == [1, 1] and model.a == 0.1  # the reference's forward counts
+    new = recompute_log_probs(model.predict, model.step, tree, kids, cond)
+    with reference():
+        ref = recompute_log_probs(model.predict, model.step, tree, kids, cond)
+    expected = kl_loss(new.step.log_prob, tree.edge_old_log_prob[kids], advantages[kids], group=new.group,
+                       mean=new.step.mean, ref_mean=ref.step.mean, std=new.step.std)  # fmt: skip
+    assert out.kl > 0 and torch.equal(out.loss, expected.loss) and torch.equal(out.kl, expected.kl)
+    with pytest.raises(ValueError, match="kl_beta > 0 needs the reference model"):
+        edge_loss(kl_loss, model.predict, model.step, tree, kids, cond, advantages)

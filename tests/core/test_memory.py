@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_treegrpo.core.memory import cond_row_bytes, format_bytes, rollout_memory
+from lit_treegrpo.core import memory
+from lit_treegrpo.core.memory import available_memory, cond_row_bytes, format_bytes, mem_available, rollout_memory
 from lit_treegrpo.core.rollout import rollout
 from lit_treegrpo.core.spec import TreeSpec
 
@@ -84,3 +85,16 @@ def test_bad_arguments_are_named() -> None:
         rollout_memory(TreeSpec(2), 0, (1,), torch.float32)
     with pytest.raises(ValueError, match="cond_bytes must be >= 0"):
         rollout_memory(TreeSpec(2), 1, (1,), torch.float32, cond_bytes=-1)
+
+
+def test_available_memory_shares_memavailable_among_the_node_processes(monkeypatch) -> None:
+    monkeypatch.setattr(memory, "mem_available", lambda: 4000)
+    assert available_memory(torch.device("cpu"), processes=4) == (1000, "MemAvailable / 4 process(es) of this node")
+    assert available_memory(torch.device("meta")) == (None, "not measured on meta")
+    monkeypatch.setattr(memory, "mem_available", lambda: None)
+    assert available_memory(torch.device("cpu")) == (None, "MemAvailable unknown")
+
+
+def test_mem_available_reads_this_machine() -> None:
+    available = mem_available()
+    assert available is not None and available > 0

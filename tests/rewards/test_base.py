@@ -125,6 +125,21 @@ def test_unchecked_multi_reward_spoils_only_the_prompt_of_the_nan() -> None:
         multi.score(images, prompts)
 
 
+def test_a_single_reward_scores_like_a_multi_reward_without_components() -> None:
+    # score() is the one scoring call for every reward: the total (10 x the channel-0 pixel) and
+    # no components; check=False lets the NaN through, still validating the inputs
+    images = pixel_images([1.0, 2.0, 3.0], [0, 0, 0])
+    scores = PixelReward(0).score(images, ["a", "b", "c"])
+    torch.testing.assert_close(scores.total, torch.tensor([1.0, 2.0, 3.0]), rtol=0, atol=1e-6)
+    assert scores.components == {}
+    unchecked = NanAt([1]).score(images, ["a", "b", "c"], check=False)
+    assert unchecked.total[1].isnan() and unchecked.total[[0, 2]].tolist() == pytest.approx([1.0, 3.0])
+    with pytest.raises(NonFiniteRewardError, match="'broken'"):
+        NanAt([1]).score(images, ["a", "b", "c"])
+    with pytest.raises(ValueError, match="got 3 images but 2 prompts"):
+        NanAt([1]).score(images, ["a", "b"], check=False)
+
+
 def test_nan_from_a_single_reward_names_it_and_the_prompts() -> None:
     with pytest.raises(NonFiniteRewardError, match=r"'broken'.*2 of 3.*indices \[0, 2\].*'a'.*'c'"):
         NanAt([0, 2])(pixel_images([1.0, 2.0, 3.0], [0, 0, 0]), ["a", "b", "c"])

@@ -1,0 +1,119 @@
+"""What one training step records: phase timings (:class:`PhaseTimer`), what the policy-gradient
+update did (:class:`Update`), the metrics the module logs (:func:`step_metrics`) and the outputs the
+callbacks receive (:func:`step_outputs`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .core.loss import LossOutput
+from .core.rollout import RolloutTree
+from .faults import Scored, Screened
+
+
+class PhaseTimer:
+    """Wall-clock laps that wait for queued GPU work, so each phase is charged its own time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.last = self._now()
+        self.laps: dict[str, float] = {}
+        """phase -> seconds, in the order the phases ran"""
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or the start) to ``phase``."""
+        now = self._now()
+        self.laps[phase], self.last = now - self.last, now
+
+
+class Update(NamedTuple):
+    """What the policy-gradient updates of one training step did."""
+
+    stats: LossOutput | None  # the loss statistics averaged over the micro-batches; None: no update ran
+    forwards: int  # model forwards of the log-prob recomputation (and of the KL reference)
+    steps: int  # optimizer steps taken
+    fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
+
+
+NO_UPDATE = Update(None, 0, 0, None)  # a step that trained nothing
+
+
+class StepMetrics(NamedTuple):
+    """A training step's metrics, as the module logs them."""
+
+    shown: dict[str, Any]  # also on the progress bar: ``reward`` and ``loss``
+    logged: dict[str, Any]  # the others
+
+
+def step_metrics(
+    rewards: Tensor,
+    tree: RolloutTree,
+    keep: Tensor,
+    advantages: Tensor,
+    update: Update,
+    fault_counts: Mapping[str, int],
+    laps: Mapping[str, float],
+    iteration: int,
+) -> StepMetrics:
+    """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
+    statistics, NFE, phase times (``time/<phase>_s``), the iteration, the fault counters
+    (``faults/*``) and, when an update ran, its loss statistics. ``keep`` [E] bool and
+    ``advantages`` [E] are the tree's edges'."""
+    shown: dict[str, Any] = {}
+    finite = rewards[torch.isfinite(rewards)]  # [<= L]
+    if finite.numel():
+        shown["reward"] = finite.mean()
+    logged: dict[str, Any] = {
+        "train/edges_kept": keep.float().sum(),
+        "train/edges": float(tree.num_edges),
+        "adv/mean": advantages.mean() if advantages.numel() else 0.0,
+        "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
+        "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
+        "nfe/rollout": float(tree.nfe),
+        **{f"time/{phase}_s": seconds for phase, seconds in laps.items()},
+        "iteration": float(iteration),
+    }
+    logged.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
+    if update.stats is not None:
+        stats = update.stats
+        shown["loss"] = stats.loss
+        logged.update(
+            {
+                "train/clip_frac": stats.clip_frac,
+                "train/approx_kl": stats.approx_kl,
+                "train/ratio_mean": stats.ratio_mean,
+                "train/kl": stats.kl,
+                "train/policy_loss": stats.policy_loss,
+                "train/forwards": float(update.forwards),
+                "nfe/train": float(update.forwards),
+            }
+        )
+    return StepMetrics(shown, logged)
+
+
+def step_outputs(
+    scored: Scored, screened: Screened, leaf_prompt: Tensor, leaf_prompts: list[str], images: Tensor
+) -> dict[str, Any]:
+    """What the callbacks receive from a training step: rewards [L'], their components, the leaf
+    prompts and images [L', 3, H, W] of the prompts that trained (all ``L`` leaves, without a copy
+    of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's prompt index."""
+    if not screened.dropped.any():
+        return {"rewards": scored.rewards.detach(), "reward_components": scored.components,
+                "leaf_prompts": leaf_prompts, "images": images}  # fmt: skip
+    kept = screened.kept_leaves(leaf_prompt)  # [L]
+    return {
+        "rewards": scored.rewards.detach()[kept],
+        "reward_components": {k: v[kept] for k, v in scored.components.items()},
+        "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
+        "images": images[kept],
+    }
