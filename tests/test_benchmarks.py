@@ -16,6 +16,7 @@ import gpu_sd35  # noqa: E402
 import step_noise  # noqa: E402
 
 
+@pytest.mark.slow  # the GPU benchmark on a tiny model, on CPU
 def test_gpu_sd35_runs_its_code_path_on_a_tiny_transformer(capsys) -> None:
     results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo", "dancegrpo_g27"])
     assert results["treegrpo"]["leaves"] == results["dancegrpo_g27"]["leaves"] == 27

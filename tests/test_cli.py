@@ -98,6 +98,7 @@ def test_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -> None:
     assert len(losses_full) == 6 and losses_part == losses_full
 
 
+@pytest.mark.slow  # a real process; the same refusal in-process: test_model_free_errors_come_before_any_model_loads
 def test_ckpt_path_last_without_a_checkpoint_fails_clearly(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--ckpt_path", "last", root=tmp_path)
     assert result.returncode == 2
@@ -232,6 +233,7 @@ def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_mo
         main(["fit", "--config", str(TINY), "--model.tree.branchng", "3", "--trainer.default_root_dir", str(tmp_path)])
 
 
+@pytest.mark.slow  # a real process; in-process: test_parse_errors_are_one_line_naming_the_option_and_the_fix
 def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branchng", "3", root=tmp_path)
     assert result.returncode == 2
@@ -581,6 +583,7 @@ def test_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path) -> None:
     assert [v for _, v in scalars(tmp_path / "part", "loss")] == [v for _, v in scalars(tmp_path / "full", "loss")]
 
 
+@pytest.mark.slow  # a real process with the FSDP2 strategy
 def test_sharded_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
     strategy = '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}'
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--trainer.strategy", strategy, root=tmp_path)

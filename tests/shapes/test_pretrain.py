@@ -43,6 +43,7 @@ def test_the_scene_stream_is_a_pure_function_of_seed_and_index() -> None:
     assert 0.15 < dropped / 640 < 0.35  # caption_dropout 0.25
 
 
+@pytest.mark.slow  # two pretraining runs
 def test_pretraining_is_reproducible_from_its_seed_and_exports_a_loadable_model(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     run = subprocess.run([sys.executable, "-m", "lit_treegrpo.shapes.pretrain", *pretrain_args(tmp_path / "a")],
