@@ -55,8 +55,9 @@ class TreeGRPOModule(LightningModule):
         adapter: the model family (``lit_treegrpo.models``): SD15Adapter, SD3Adapter, a tiny one...
         reward: what scores the decoded images against their prompts: a registered name
             (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``,
-            ``jpeg_compressibility``, ``jpeg_incompressibility``), a mapping name -> weight for a
-            MultiReward (normalised per prompt, then weighted, as TreeGRPO), or a RewardModel.
+            ``jpeg_compressibility``, ``jpeg_incompressibility``, ``brightness``, ``shapes``), a
+            mapping name -> weight for a MultiReward (normalised per prompt, then weighted, as
+            TreeGRPO), or a RewardModel.
         tree: the rollout tree per prompt (``configs/trees/*.yaml`` hold every method's).
         advantage: advantage estimator settings.
         loss: the clipped policy loss (clip range, advantage clip, KL weight, aggregation).

@@ -74,3 +74,15 @@ def test_the_results_quote_the_committed_sweep_and_step_noise_tables() -> None:
         assert rows, table
         for row in rows:
             assert row in section, f"{table.name}: {row}"
+
+
+def test_the_reward_table_and_the_modules_help_name_every_registered_reward() -> None:
+    # one registry (rewards.REWARDS); what users read about it is checked against it
+    from lit_treegrpo.module import TreeGRPOModule
+    from lit_treegrpo.rewards import REWARDS
+
+    section = README.read_text().split("## Rewards", 1)[1].split("\n## ", 1)[0]
+    table = {name for row in section.splitlines() if row.startswith("| `") for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert table == set(REWARDS), table ^ set(REWARDS)
+    help_text = TreeGRPOModule.__doc__.split("reward:", 1)[1].split("tree:", 1)[0]
+    assert set(re.findall(r"``(\w+)``", help_text)) == set(REWARDS)
