@@ -24,6 +24,15 @@ def fingerprint(adapter_type: str, num_steps: int, tree: TreeSpec, trainable: It
     }
 
 
+#: TreeSpec fields that bound memory (how many rows per model call, how many leaves a config may
+#: ask for) without changing the tree a run samples: a resume may change them
+MEMORY_FIELDS = ("max_batch", "max_leaves")
+
+
+def _shape(tree: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tree.items() if k not in MEMORY_FIELDS}
+
+
 def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Mapping[str, Any] | None) -> None:
     """Raise ``ValueError`` when the checkpoint's fingerprint ``saved`` differs from this run's
     ``mine``, or its ``state_dict`` lacks a trainable tensor (None: a sharded strategy loads the
@@ -34,8 +43,9 @@ def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any], state_dic
                 f"the checkpoint's {key} differs from this run's configuration; resume with the "
                 f"configuration it was trained with"
             )
-    # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default
-    if asdict(TreeSpec.from_dict(saved["tree"])) != mine["tree"]:
+    # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default;
+    # the memory knobs are left out: lowering max_batch is the memory guard's own advice
+    if _shape(asdict(TreeSpec.from_dict(saved["tree"]))) != _shape(mine["tree"]):
         raise ValueError(
             f"the checkpoint was trained with tree {saved['tree']}, this run has "
             f"{mine['tree']}; resume with the same --model.tree"

@@ -458,6 +458,28 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     assert list(mine["lit_treegrpo"]["faults"]) == list(saved["faults"])
 
 
+def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -> None:
+    # the memory guard's advice is "lower --model.tree.max_batch": resuming with it must not be
+    # refused, and chunking the model calls differently must not change what the run computes
+    from dataclasses import replace
+
+    from tests.checkpoints import make_tiny_checkpoint as made
+
+    committed = Path(made.__file__).with_name(made.NAME)
+    full, resumed = made.model(), made.model()
+    resumed.tree = replace(resumed.tree, max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
+    made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
+    made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False).fit(resumed, made.data(), ckpt_path=committed)
+    assert resumed.iteration == full.iteration == 4
+    # not bitwise: a matmul over 3 rows and one over 4 round differently in the last bits on CPU
+    for a, b in zip(resumed.adapter.trainable_parameters(), full.adapter.trainable_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    shape_changed = made.model()
+    shape_changed.tree = replace(shape_changed.tree, branching=3, max_leaves=16)  # still refused
+    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+        made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(shape_changed, made.data(), ckpt_path=committed)
+
+
 def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
     # SPEC's edges have depths 0 and 1; dropping depths [0, 2) leaves nothing to train
     model = module(pruning=PruningConfig(depth_window=(0, 2), depth_mode="drop"))
