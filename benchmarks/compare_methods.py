@@ -72,8 +72,9 @@ SWEEP_SEEDS = (100, 101)  # learning rates are chosen on these, never on the rep
 REPORT_SEEDS = (0, 1, 2)
 FLAT_GRID = (1e-4, 3e-4, 1e-3)  # learning-rate grids (AdamW on the LoRA r16), each spanning 10x
 EDGEWISE_GRID = (1e-5, 3e-5, 1e-4)  # BranchGRPO steps every 12 edges: tens of steps per rollout
-# a first sweep on seed 100 chose the top rate of the grids above for these methods; their grids
-# move one step up (the lowest rate, clearly worse there, is dropped) so the best lies inside
+# a first sweep on seed 100 chose the top rate of the grids above for Flow-GRPO, TreeGRPO and
+# BranchGRPO; their grids move one step up (the lowest rate, clearly worse there, is dropped). The
+# pruned and Mix BranchGRPO variants keep EDGEWISE_GRID: their 3e-4 runs are not done yet
 HIGHER_GRID = (3e-4, 1e-3, 3e-3)
 HIGHER_EDGEWISE_GRID = (3e-5, 1e-4, 3e-4)
 
@@ -148,7 +149,7 @@ def methods(window_every: int) -> dict[str, Method]:
             Method("branchgrpo_pruned", "branchgrpo + width (parent-top1) and depth pruning (the 2 deepest "
                    "trained depths dropped, the window sliding towards the root)", branch,
                    advantage=fusion, dynamics="dance_sde", noise_level=0.3, clip_range=1e-3,
-                   edges_per_update=12, lr_grid=HIGHER_EDGEWISE_GRID,
+                   edges_per_update=12, lr_grid=EDGEWISE_GRID,
                    # width pruning all along: a budgeted run has no length for width_fraction to divide;
                    # depths 15-18 of 20 sliding to 9 in the script -> [6, 8) of 8 sliding to 4
                    schedule={"width": "parent_top1", "depth_window": 2, "depth_start": 6, "depth_mode": "drop",
@@ -158,7 +159,7 @@ def methods(window_every: int) -> dict[str, Method]:
                    "ODE elsewhere, only SDE edges trained",
                    TreeSpec(T, branch_steps=splits, branching=3, sde_steps=(1,), ode_tail=ODE_TAIL),
                    advantage=fusion, dynamics="dance_sde", noise_level=0.3, clip_range=1e-3,
-                   edges_per_update=12, lr_grid=HIGHER_EDGEWISE_GRID,
+                   edges_per_update=12, lr_grid=EDGEWISE_GRID,
                    # the code's window starts at (step // slide_interval) * slide_interval: with an
                    # interval (30) above the step count it is the first mix_sde_window_size steps
                    follows="Fredreic1849/BranchGRPO --mix_ode_sde_tree --mix_sde_window_size 4 (of 20 steps)"),  # fmt: skip
@@ -561,7 +562,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed-list", type=int, nargs="+", default=None,
                    help=f"seeds (default {' '.join(map(str, REPORT_SEEDS))}; quick 0; sweep "
                         f"{' '.join(map(str, SWEEP_SEEDS))})")  # fmt: skip
-    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 40k, as the sweep; quick 20k)")
+    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 40k, as the sweep; quick 12k)")
     p.add_argument("--seconds", type=float, default=0.0, help="least training wall-clock per run, besides the NFE budget")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per iteration (default 8 as configs/shapes.yaml, quick 4)")
     p.add_argument("--runs-only", action="store_true",
@@ -582,7 +583,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     default_seeds = SWEEP_SEEDS if args.sweep else ((0,) if args.quick else REPORT_SEEDS)
     args.seed_list = list(args.seed_list or default_seeds)
     if args.nfe_budget is None:
-        args.nfe_budget = 20_000 if args.quick else 40_000  # the comparison runs as long as the sweep did
+        args.nfe_budget = 12_000 if args.quick else 40_000  # the comparison runs as long as the sweep did
     args.batch_size = args.batch_size or (4 if args.quick else 8)
     if args.eval_every < 1 or args.eval_seeds < 1 or args.batch_size < 1:
         p.error("--eval-every, --eval-seeds and --batch-size must be >= 1")
