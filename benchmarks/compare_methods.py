@@ -562,7 +562,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed-list", type=int, nargs="+", default=None,
                    help=f"seeds (default {' '.join(map(str, REPORT_SEEDS))}; quick 0; sweep "
                         f"{' '.join(map(str, SWEEP_SEEDS))})")  # fmt: skip
-    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 40k, as the sweep; quick 12k)")
+    p.add_argument("--nfe-budget", type=float, default=None, help="sampling NFE per run (default 40k, as the sweep; quick 8k)")
     p.add_argument("--seconds", type=float, default=0.0, help="least training wall-clock per run, besides the NFE budget")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per iteration (default 8 as configs/shapes.yaml, quick 4)")
     p.add_argument("--runs-only", action="store_true",
@@ -583,7 +583,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     default_seeds = SWEEP_SEEDS if args.sweep else ((0,) if args.quick else REPORT_SEEDS)
     args.seed_list = list(args.seed_list or default_seeds)
     if args.nfe_budget is None:
-        args.nfe_budget = 12_000 if args.quick else 40_000  # the comparison runs as long as the sweep did
+        args.nfe_budget = 8_000 if args.quick else 40_000  # the comparison runs as long as the sweep did
     args.batch_size = args.batch_size or (4 if args.quick else 8)
     if args.eval_every < 1 or args.eval_seeds < 1 or args.batch_size < 1:
         p.error("--eval-every, --eval-seeds and --batch-size must be >= 1")
