@@ -1,4 +1,4 @@
-"""The memory guard: before the first rollout of a fit, estimate the rollout's peak memory from the
+"""The memory guard: before a fit draws its first batch, estimate the rollout's peak memory from the
 tree's shape (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a tree that cannot fit,
 naming the options that shrink it. :class:`~lit_treegrpo.settings.MemoryGuard` holds the options,
 :class:`RolloutGuard` the check of one fit (once: before the first batch is drawn when the data
@@ -76,7 +76,7 @@ def check_rollout_memory(
 
 
 class RolloutGuard:
-    """The memory guard of one fit: :func:`check_rollout_memory` once, before the first rollout.
+    """The memory guard of one fit: :func:`check_rollout_memory` once, before the first batch.
 
     Args:
         settings: the guard's options (``--model.memory_guard``).

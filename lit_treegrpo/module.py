@@ -12,7 +12,7 @@ data-parallel run samples what one process with the same global batch samples.
 
 Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
 or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks.
-Before the first rollout, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
+Before the first batch is drawn, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
 cannot fit in memory.
 """
 
@@ -83,7 +83,7 @@ class TreeGRPOModule(LightningModule):
         reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
         faults: what to do with NaN / inf rewards, a failing reward call, or a non-finite loss or
             gradient: stop (``error``, the default) or skip and count (``skip``).
-        memory_guard: before the first rollout, refuse a tree whose rollout cannot fit in memory.
+        memory_guard: before the first batch is drawn, refuse a tree whose rollout cannot fit in memory.
     """
 
     def __init__(
@@ -140,7 +140,7 @@ class TreeGRPOModule(LightningModule):
         self.faults = faults
         self.memory_guard = memory_guard
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
-        self.rollout_guard = RolloutGuard(memory_guard)  # checks once per fit, before the first rollout
+        self.rollout_guard = RolloutGuard(memory_guard)  # checks once per fit, before the first batch
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False

@@ -34,6 +34,7 @@ def test_gpu_sd35_without_a_gpu_says_how_to_run_it(capsys) -> None:
     assert "no GPU is visible" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a benchmark run with its plots
 def test_compare_methods_writes_results_plots_and_a_table_of_the_same_numbers(tmp_path: Path, capsys) -> None:
     report = compare_methods.main([
         "--quick", "--out", str(tmp_path), "--methods", "treegrpo", "--nfe-budget", "400", "--batch-size", "1",

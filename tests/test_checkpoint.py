@@ -91,6 +91,7 @@ plugin.save_checkpoint({"step": 2, "w": torch.zeros(200_000)}, path)
 """
 
 
+@pytest.mark.slow  # a real process killed mid-write
 def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
     path, marker = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "writing"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

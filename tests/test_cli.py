@@ -449,6 +449,7 @@ def test_an_unknown_reward_is_refused_before_any_model_loads(tmp_path: Path, cap
     assert "--model.reward: unknown reward 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a real process; in-process: test_user_errors_are_one_line_without_traceback
 def test_a_user_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branching", "0", root=tmp_path)
     assert result.returncode == 2

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # executes the whole notebook in a kernel
 def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch) -> None:
     notebook = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
     for key, value in {"QUICKSTART_STEPS": "6", "QUICKSTART_ROOT": str(tmp_path / "run"),
