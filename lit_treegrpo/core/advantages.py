@@ -8,9 +8,10 @@ reductions over those pairs (or, for the softmax backup, one pass per depth leve
 Leaf normalisation (all methods but ``branch_fusion``): per prompt over all of its leaves,
 ``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO, DanceGRPO); with
 ``std_scope="global"`` the mean is still the prompt's but the std is taken over every leaf of the
-batch (Flow-GRPO's ``global_std=True``). With several reward
-columns each column is normalised per prompt first and the weighted sum is normalised again
-(TreeGRPO's ``r = sum_k w_k (R_k - mu_k) / sigma_k``).
+batch (Flow-GRPO's ``global_std=True``). Several rewards arrive already combined into one score
+per leaf by :func:`combine_rewards` (called by ``MultiReward``): each column normalised per prompt,
+then weighted (TreeGRPO's ``r = sum_k w_k (R_k - mu_k) / sigma_k``); that score is normalised again
+here like any reward.
 
 Methods (A(e) is the advantage of edge e; "leaves below e" are the leaves whose path contains e):
 
@@ -22,8 +23,8 @@ Methods (A(e) is the advantage of edge e; "leaves below e" are the leaves whose 
     A(e) = V(e).
 ``"branch_fusion"`` (BranchGRPO eq. 7-8)
     F(e) = sum_l w_l r_l over leaves l below e, w = softmax_l(beta * sum of old_log_prob of the
-    edges strictly below e on the path to l), r the raw (or weighted-normalised, for several
-    columns) reward; then A(e) = (F(e) - mu) / (sigma + eps) over the edges of the same prompt and
+    edges strictly below e on the path to l), r the leaf's score (raw, or combined for several
+    rewards); then A(e) = (F(e) - mu) / (sigma + eps) over the edges of the same prompt and
     depth. A group of one edge, or with sigma < 1e-6, gets 0.
 ``"parent_relative"`` (the original design notes)
     A(e) = M(e) - M(parent(e)) with M as in ``"mean"`` and M(-1) = mean of ``a`` over the prompt.
@@ -90,7 +91,11 @@ def combine_rewards(
     leaf_rewards: Tensor, leaf_prompt: Tensor, weights: Tensor | None = None, eps: float = 1e-8
 ) -> Tensor:
     """One score per leaf: a [L] reward as is; [L, K] rewards normalised per prompt and column,
-    then weighted (``weights`` [K], default all ones). Integer or bool rewards count as floats."""
+    then weighted (``weights`` [K], default all ones). Integer or bool rewards count as floats.
+
+    The one place several reward columns become one score: ``MultiReward.score`` calls it, and
+    :func:`tree_advantages` takes the resulting [L] score (it refuses columns, so a weighting
+    cannot happen twice or be skipped)."""
     if not leaf_rewards.is_floating_point():
         leaf_rewards = leaf_rewards.double()  # pass/fail checks must not be rounded after scaling
     if leaf_rewards.ndim == 1:
@@ -146,14 +151,14 @@ def tree_advantages(
     edge_old_log_prob: Tensor | None = None,
     beta: float = 1.0,
     eps: float = 1e-8,
-    reward_weights: Tensor | None = None,
     clip: float | None = None,
     std_scope: StdScope = "group",
 ) -> Tensor:
     """Per-edge advantages from leaf rewards; see the module docstring for the methods.
 
     Args:
-        leaf_rewards: [L] rewards, or [L, K] reward columns (normalised per column, then weighted).
+        leaf_rewards: [L] rewards, one per leaf (several rewards are combined beforehand, by
+            ``MultiReward`` through :func:`combine_rewards`).
         edge_parent: [E] previous recorded edge on the path, -1 for none.
         leaf_edge: [L] last recorded edge above each leaf.
         leaf_prompt: [L] normalisation group (prompt) of each leaf.
@@ -162,7 +167,6 @@ def tree_advantages(
             ``branch_fusion`` with ``beta != 0``.
         beta: path-probability temperature of ``branch_fusion`` (0: uniform mean of rewards).
         eps: added to standard deviations.
-        reward_weights: [K] weights of the reward columns (default all ones).
         clip: clamp advantages to ``[-clip, clip]`` (BranchGRPO clips at 5); ``None`` leaves them.
         std_scope: ``"group"`` (per prompt) or ``"global"`` (over all leaves: Flow-GRPO) std in the
             leaf normalisation; ``branch_fusion`` normalises per depth and takes ``"group"`` only.
@@ -177,12 +181,17 @@ def tree_advantages(
     if method not in METHODS:
         raise ValueError(f"advantage method must be one of {', '.join(METHODS)}; got {method!r}")
     E, L = edge_parent.shape[0], leaf_edge.shape[0]
+    if leaf_rewards.ndim != 1:
+        raise ValueError(
+            f"leaf_rewards must be [L], got {tuple(leaf_rewards.shape)}; combine reward columns "
+            "into one score first (MultiReward, or core.combine_rewards)"
+        )
     if leaf_rewards.shape[0] != L or leaf_prompt.shape != (L,):
         raise ValueError(
             f"leaf_rewards {tuple(leaf_rewards.shape)}, leaf_edge {tuple(leaf_edge.shape)} and "
             f"leaf_prompt {tuple(leaf_prompt.shape)} must agree on the number of leaves"
         )
-    bad = ~torch.isfinite(leaf_rewards.reshape(L, -1)).all(dim=1)  # [L]
+    bad = ~torch.isfinite(leaf_rewards)  # [L]
     if bool(bad.any()):
         leaves = bad.nonzero().squeeze(1)
         raise ValueError(
@@ -199,7 +208,7 @@ def tree_advantages(
     if E == 0:
         return torch.zeros(0, dtype=torch.float32, device=edge_parent.device)
 
-    score = combine_rewards(leaf_rewards, leaf_prompt, reward_weights, eps).double()  # [L]
+    score = leaf_rewards.double()  # [L]; pass/fail (bool/int) rewards count as floats
     pairs = path_pairs(edge_parent, leaf_edge, edge_old_log_prob if needs_lp else None)
     leaves_below = _segment_sum(torch.ones_like(pairs.edge, dtype=torch.float64), pairs.edge, E)
     if bool((leaves_below == 0).any()):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_treegrpo.core.advantages import normalize_per_group
+from lit_treegrpo.core.advantages import combine_rewards
 from lit_treegrpo.errors import first_line
 from lit_treegrpo.hub import require_hub
 
@@ -410,10 +410,9 @@ class MultiReward(RewardModel):
         cols = torch.stack(list(components.values()), dim=1)  # [B, K]
         w = torch.tensor(list(self.weights.values()), dtype=cols.dtype, device=cols.device)  # [K]
         if self.aggregate == "normalize_then_weight":
-            cols = normalize_per_group(
-                cols, unique_prompts(prompts)[1].to(cols.device), self.eps
-            )  # [B, K]
-        total = cols @ w  # [B]
+            total = combine_rewards(cols, unique_prompts(prompts)[1].to(cols.device), w, self.eps)  # [B]
+        else:
+            total = cols @ w  # [B]
         if check:
             check_finite(total, self.name, prompts)
         return RewardScores(total, components)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lit_treegrpo.core.advantages import METHODS, tree_advantages
+from lit_treegrpo.core.advantages import METHODS, combine_rewards, tree_advantages
 from lit_treegrpo.core.rollout import RolloutTree, rollout
 from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.core.steps import StepOutput, flow_sde_step
@@ -422,9 +422,10 @@ def test_matches_reference_on_rollouts(seed, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_matches_reference_multi_reward(seed, method):
     _, tree, _, rewards_k, weights, beta = _random_case(seed)
+    score = combine_rewards(rewards_k, tree.leaf_prompt, weights)  # what MultiReward hands over
     out = tree_advantages(
-        *_tree_args(tree, rewards_k), method=method, edge_old_log_prob=tree.edge_old_log_prob,
-        beta=beta, reward_weights=weights,
+        *_tree_args(tree, score), method=method, edge_old_log_prob=tree.edge_old_log_prob,
+        beta=beta,
     )  # fmt: skip
     expected = reference_advantages(
         rewards_k.tolist(), *_tree_lists(tree), method, tree.edge_old_log_prob.tolist(),
@@ -520,13 +521,14 @@ def test_multi_reward_normalises_each_column_then_the_sum():
         s = [w[0] * z0 + w[1] * z1 for z0, z1 in zip(*z)]
         a += [(v - statistics.fmean(s)) / statistics.pstdev(s) for v in s]
     rewards = torch.stack([_t(col0), _t(col1)], dim=1)  # [8, 2]
-    args = (rewards, _long(edge_parent), _long(leaf_edge), _long(leaf_prompt))
-    out = tree_advantages(*args, method="mean", reward_weights=_t(w))
+    score = combine_rewards(rewards, _long(leaf_prompt), _t(w))  # [8]
+    args = (score, _long(edge_parent), _long(leaf_edge), _long(leaf_prompt))
+    out = tree_advantages(*args, method="mean")
     # root edges: mean over their two leaves; leaf edges: a.
     roots = [(a[0] + a[1]) / 2, (a[2] + a[3]) / 2, (a[4] + a[5]) / 2, (a[6] + a[7]) / 2]
     _close(out, roots + a, atol=1e-5)
     # branch_fusion fuses s itself; the leaf-edge depth group of a prompt normalises s again -> a.
-    bf = tree_advantages(*args, method="branch_fusion", beta=0.0, reward_weights=_t(w))
+    bf = tree_advantages(*args, method="branch_fusion", beta=0.0)
     _close(bf[4:], a, atol=1e-5)
     # The raw first column alone ranks prompt 1's leaves differently (sanity of the data above).
     assert torch.argsort(out[8:]).tolist() != torch.argsort(_t(col0[4:])).tolist()
@@ -536,13 +538,14 @@ def test_multi_reward_default_and_zero_weights():
     _, tree, rewards, rewards_k, _, beta = _random_case(5)
     args = (tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
     kw = dict(edge_old_log_prob=tree.edge_old_log_prob, beta=beta)
+    lp = tree.leaf_prompt
     for method in METHODS:
-        default = tree_advantages(rewards_k, *args, method=method, **kw)
-        ones = tree_advantages(rewards_k, *args, method=method, reward_weights=torch.ones(3), **kw)
+        default = tree_advantages(combine_rewards(rewards_k, lp), *args, method=method, **kw)
+        ones = tree_advantages(combine_rewards(rewards_k, lp, torch.ones(3)), *args, method=method, **kw)
         torch.testing.assert_close(default, ones, atol=1e-6, rtol=0.0)
         # weight only column 1 (scale 10): the same as that column alone, normalised.
         only1 = tree_advantages(
-            rewards_k, *args, method=method, reward_weights=_t([0.0, 1.0, 0.0]), **kw
+            combine_rewards(rewards_k, lp, _t([0.0, 1.0, 0.0])), *args, method=method, **kw
         )
         single = tree_advantages(rewards_k[:, 1], *args, method=method, **kw)
         torch.testing.assert_close(only1, single, atol=1e-5, rtol=0.0)
@@ -554,17 +557,27 @@ def test_single_column_equals_one_dim(method):
     _, tree, rewards, _, _, beta = _random_case(3)
     kw = dict(method=method, edge_old_log_prob=tree.edge_old_log_prob, beta=beta)
     one_dim = tree_advantages(*_tree_args(tree, rewards), **kw)
-    column = tree_advantages(*_tree_args(tree, rewards[:, None]), **kw)
+    combined = combine_rewards(rewards[:, None], tree.leaf_prompt)  # one column, normalised
+    column = tree_advantages(*_tree_args(tree, combined), **kw)
     torch.testing.assert_close(column, one_dim, atol=1e-5, rtol=0.0)
+
+
+def test_columns_are_refused_so_weighting_has_one_place():
+    with pytest.raises(ValueError, match="combine reward columns"):
+        tree_advantages(torch.ones(4, 2), *_hand_args()[1:])
 
 
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])
 def test_integer_multi_rewards_are_not_truncated(dtype):
     rewards = _long([[0, 1], [1, 0], [1, 1], [0, 0]])  # e.g. two pass/fail checks per image
     args = (_long(EP), _long(LEAF_EDGE), _long([0, 0, 0, 0]))
-    expected = tree_advantages(rewards.float(), *args)
+    lp = args[2]
+    expected = tree_advantages(combine_rewards(rewards.float(), lp), *args[:2], lp)
     assert expected.abs().max() > 1.0  # leaves 2 and 3 differ: +-sqrt(2) on their edges
-    torch.testing.assert_close(tree_advantages(rewards.to(dtype), *args), expected, atol=1e-6, rtol=0.0)
+    got = tree_advantages(combine_rewards(rewards.to(dtype), lp), *args[:2], lp)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0.0)
+    flags = _long([0, 1, 1, 0]).to(dtype)  # one pass/fail column, given as is
+    torch.testing.assert_close(tree_advantages(flags, *args), tree_advantages(flags.float(), *args), atol=0.0, rtol=0.0)
 
 
 # ----------------------------------------------------------------------------- errors and clip
@@ -576,10 +589,6 @@ def _hand_args(rewards=R):
 def test_non_finite_reward_names_the_leaves(bad):
     with pytest.raises(ValueError, match=r"leaves \[1, 3\]"):
         tree_advantages(*_hand_args([1.0, bad, 2.0, bad]))
-    rewards = torch.ones(4, 2)
-    rewards[2, 1] = bad
-    with pytest.raises(ValueError, match=r"leaves \[2\]"):
-        tree_advantages(rewards, *_hand_args()[1:])
 
 
 def test_unknown_method_is_named():
@@ -605,9 +614,9 @@ def test_mismatched_shapes_raise():
     with pytest.raises(ValueError, match="number of leaves"):
         tree_advantages(rewards, ep, _long([2, 3, 4]), lp)
     with pytest.raises(ValueError, match="reward weights"):
-        tree_advantages(torch.ones(4, 2), ep, le, lp, reward_weights=torch.ones(3))
+        combine_rewards(torch.ones(4, 2), lp, torch.ones(3))
     with pytest.raises(ValueError, match="reward weights"):
-        tree_advantages(rewards, ep, le, lp, reward_weights=torch.ones(1))
+        combine_rewards(rewards, lp, torch.ones(1))
 
 
 def test_edge_without_leaf_raises():
