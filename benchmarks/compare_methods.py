@@ -89,7 +89,6 @@ class Method:
     advantage: AdvantageSettings = AdvantageSettings()
     dynamics: str = "flow_sde"
     noise_level: float = 0.7
-    shared_noise: bool = False
     clip_range: float = 1e-4
     schedule: dict[str, Any] | None = None  # PruningSchedule options
     flat: bool = False
@@ -111,6 +110,7 @@ def methods(window_every: int) -> dict[str, Method]:
     splits = (0, 3, 6)  # BranchGRPO's dense splits (0, 3, 6, 9 of 20) scaled to 10 steps, k = 3
     between = tuple(s for s in ALL_SDE if s not in splits)
     flat = TreeSpec(T, sde_steps=ALL_SDE, num_trees=LEAVES, ode_tail=ODE_TAIL)
+    shared = dataclasses.replace(flat, shared_noise=True)  # DanceGRPO: one root noise per prompt's group
     branch = TreeSpec(T, branch_steps=splits, branching=3, sde_steps=between, ode_tail=ODE_TAIL)
     tree = TreeSpec(T, branch_steps=(0, 1, 2), branching=3, window=tree_window, ode_tail=ODE_TAIL)
     fusion = AdvantageSettings(method="branch_fusion", beta=0.0, clip=5.0)  # TREE_PROB_WEIGHTED=false
@@ -118,8 +118,8 @@ def methods(window_every: int) -> dict[str, Method]:
         m.name: m
         for m in [
             Method("dancegrpo", "flat G=27, DanceGRPO SDE (eta 0.3), shared root noise, a random 60% of the "
-                   "steps trained, 3 optimizer steps per rollout", flat,
-                   dynamics="dance_sde", noise_level=0.3, shared_noise=True, schedule={"step_fraction": 0.6},
+                   "steps trained, 3 optimizer steps per rollout", shared,
+                   dynamics="dance_sde", noise_level=0.3, schedule={"step_fraction": 0.6},
                    flat=True, minibatches=3,
                    follows="XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py, scripts/finetune/finetune_flux_grpo.sh"),  # fmt: skip
             Method("flowgrpo", "flat G=27, Flow-GRPO SDE (a 0.7), global-std advantages, KL 0.04 (Flow-GRPO "
@@ -129,8 +129,9 @@ def methods(window_every: int) -> dict[str, Method]:
                    follows="yifan123/flow_grpo config/grpo.py (geneval_sd3), scripts/train_sd3.py"),  # fmt: skip
             Method("mixgrpo", "flat G=27, Flow-GRPO SDE (a 0.7) in a window of 4 steps sliding forward and "
                    "rolling back, ODE elsewhere, 4 optimizer steps per rollout",
-                   TreeSpec(T, sde_steps=(0, 1, 2, 3), num_trees=LEAVES, window=mix_window, ode_tail=ODE_TAIL),
-                   shared_noise=True, flat=True, minibatches=4,
+                   TreeSpec(T, sde_steps=(0, 1, 2, 3), num_trees=LEAVES, window=mix_window, ode_tail=ODE_TAIL,
+                            shared_noise=True),
+                   flat=True, minibatches=4,
                    lr_grid=FLAT_GRID + (3e-3,),  # 1e-3 won the first three: the grid goes one further
                    follows="Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO.sh, "
                            "fastvideo/utils/grpo_states.py"),  # fmt: skip
@@ -299,7 +300,6 @@ def run_method(method: Method, seed: int, lr: float, args: argparse.Namespace) -
         edges_per_update=method.edges_per_update,
         accumulate=args.accumulate if method.flat else 1,
         seed=seed,
-        shared_noise=method.shared_noise,
     )
     # one held-out split and one prompt order for every method and seed: seeds vary the sampling
     data = PromptDataModule("shapes_world", batch_size=args.batch_size, val_fraction=0.1, val_size=36, seed=0)

@@ -113,18 +113,18 @@ def rollout_cost(repeats: int, size: int, device: str) -> None:
 
     tree = TreeSpec(T, branch_steps=(0, 1, 2), branching=3)
     flat = TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=27)
-    per_node = TreeSpec(T, branch_steps=(0, 1, 2), branching=3, max_batch=1)
+    per_node = TreeSpec(T, branch_steps=(0, 1, 2), branching=3)  # run with max_batch 1
     cond = torch.zeros(1, device=device)
 
-    def run(spec: TreeSpec) -> None:
+    def run(spec: TreeSpec, max_batch: int = 64) -> None:
         gen = torch.Generator(device).manual_seed(0)
         noise = torch.randn(spec.num_trees, 4, size, size, generator=gen, device=device)
-        rollout(model, step, spec, cond, noise, generator=gen)
+        rollout(model, step, spec, cond, noise, generator=gen, max_batch=max_batch)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    results = {name: timed(lambda s=s: run(s), repeats) for name, s in
-               [("tree k3 d3", tree), ("flat G=27", flat), ("tree, one call per node", per_node)]}
+    results = {name: timed(lambda s=s, b=b: run(s, b), repeats) for name, s, b in
+               [("tree k3 d3", tree, 64), ("flat G=27", flat, 64), ("tree, one call per node", per_node, 1)]}
     print(f"\n## Rollout of 27 leaves, T={T}, conv model on 4x{size}x{size} latents, {device}\n")
     print("| rollout | NFE | seconds | time / tree's |")
     print("|---|---|---|---|")

@@ -101,19 +101,19 @@ class RandomSD3Adapter(FlowMatchingAdapter):
         raise NotImplementedError("the benchmark scores random rewards; nothing is decoded")
 
 
-def specs(max_batch: int) -> dict[str, tuple[TreeSpec, float]]:
+def specs() -> dict[str, tuple[TreeSpec, float]]:
     """name -> (tree, fraction of the stochastic steps trained)."""
     sde = tuple(range(9))
     return {
-        "treegrpo": (TreeSpec(10, branch_steps=(0, 1, 2), branching=3, max_batch=max_batch), 1.0),
-        "dancegrpo_g12": (TreeSpec(10, sde_steps=sde, num_trees=12, max_batch=max_batch), 0.6),
-        "dancegrpo_g27": (TreeSpec(10, sde_steps=sde, num_trees=27, max_batch=max_batch), 0.6),
-        "mixgrpo_g12": (TreeSpec(10, sde_steps=(0, 1, 2, 3), num_trees=12, max_batch=max_batch), 1.0),
+        "treegrpo": (TreeSpec(10, branch_steps=(0, 1, 2), branching=3), 1.0),
+        "dancegrpo_g12": (TreeSpec(10, sde_steps=sde, num_trees=12), 0.6),
+        "dancegrpo_g27": (TreeSpec(10, sde_steps=sde, num_trees=27), 0.6),
+        "mixgrpo_g12": (TreeSpec(10, sde_steps=(0, 1, 2, 3), num_trees=12), 1.0),
     }
 
 
 def iteration(adapter: RandomSD3Adapter, spec: TreeSpec, fraction: float, prompts: list[str],
-              optimizer: torch.optim.Optimizer, train_batch: int, seed: int) -> tuple[float, float, int, int]:  # fmt: skip
+              optimizer: torch.optim.Optimizer, train_batch: int, seed: int, max_batch: int = 64) -> tuple[float, float, int, int]:  # fmt: skip
     """One timed GRPO iteration: (rollout s, training s, NFE, training forwards)."""
     device = adapter.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -122,7 +122,7 @@ def iteration(adapter: RandomSD3Adapter, spec: TreeSpec, fraction: float, prompt
     noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in gens])
     sync()
     start = time.perf_counter()
-    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens)
+    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
     sync()
     rolled = time.perf_counter()
     rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(seed)).to(device)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--resolution", type=int, default=512, help="image side in pixels (latents are 1/8)")
     p.add_argument("--max-batch", type=int, default=64, help="nodes per rollout model call (x2 rows with CFG)")
     p.add_argument("--train-batch", type=int, default=16, help="sources per training micro-batch")
-    p.add_argument("--methods", nargs="+", default=None, help="subset of " + ", ".join(specs(1)))
+    p.add_argument("--methods", nargs="+", default=None, help="subset of " + ", ".join(specs()))
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no GPU is visible; run on a GPU machine, or pass --tiny --device cpu for a smoke run")
@@ -171,11 +171,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
           f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}\n")  # fmt: skip
-    chosen = {k: v for k, v in specs(args.max_batch).items() if args.methods is None or k in args.methods}
+    chosen = {k: v for k, v in specs().items() if args.methods is None or k in args.methods}
     results: dict[str, dict[str, float]] = {}
     for method, (spec, fraction) in chosen.items():
-        iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0)  # warm-up
-        runs = [iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1)
+        iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, max_batch=args.max_batch)  # warm-up
+        runs = [iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, max_batch=args.max_batch)
                 for r in range(args.repeats)]  # fmt: skip
         roll, train = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
         results[method] = {"rollout_s": roll, "train_s": train, "total_s": roll + train,

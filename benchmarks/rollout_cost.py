@@ -42,12 +42,12 @@ def build(size: str, num_steps: int):
     return ShapesAdapter(build_components(config, seed=0), num_steps=num_steps)
 
 
-def spec_of(kind: str, num_steps: int, max_batch: int):
+def spec_of(kind: str, num_steps: int):
     from lit_treegrpo.core import TreeSpec
 
     if kind == "tree":
-        return TreeSpec(num_steps, branch_steps=(0, 1, 2), branching=3, max_batch=max_batch)
-    return TreeSpec(num_steps, sde_steps=tuple(range(num_steps - 1)), num_trees=27, max_batch=max_batch)
+        return TreeSpec(num_steps, branch_steps=(0, 1, 2), branching=3)
+    return TreeSpec(num_steps, sde_steps=tuple(range(num_steps - 1)), num_trees=27)
 
 
 def measure(size: str, num_steps: int, kind: str, prompts: int, repeats: int, threads: int, max_batch: int) -> dict:
@@ -55,7 +55,7 @@ def measure(size: str, num_steps: int, kind: str, prompts: int, repeats: int, th
 
     torch.set_num_threads(threads)
     adapter = build(size, num_steps)
-    spec = spec_of(kind, num_steps, max_batch)
+    spec = spec_of(kind, num_steps)
     optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
     loss_fn = ClippedPolicyLoss()
     names = [f"a {c} circle" for c in ("red", "green", "blue", "white", "cyan", "yellow", "magenta", "orange")]
@@ -65,7 +65,7 @@ def measure(size: str, num_steps: int, kind: str, prompts: int, repeats: int, th
         gens = [torch.Generator().manual_seed(seed * 100 + i) for i in range(prompts)]
         noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in gens])
         start = time.perf_counter()
-        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens)
+        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
         rolled = time.perf_counter()
         rewards = torch.rand(tree.num_leaves, generator=gens[0])  # the reward model is not measured
         adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)

@@ -42,12 +42,13 @@ def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, 
     P = prompts
     k = LEAVES[leaves]
     unchunked = leaves * P  # the widest frontier fits in one call
-    spec = TreeSpec(NUM_STEPS, branch_steps=(0, 1, 2), branching=k, max_batch=max_batch or unchunked)
+    spec = TreeSpec(NUM_STEPS, branch_steps=(0, 1, 2), branching=k)
+    max_batch = max_batch or unchunked
     names = [PROMPTS[i % len(PROMPTS)] for i in range(P)]
     gens = [torch.Generator(device).manual_seed(i) for i in range(P)]
     cond = adapter.encode_prompts(names)
     noise = torch.cat([adapter.initial_noise(1, g) for g in gens])  # [P, *S]
-    estimate = rollout_memory(spec, P, tuple(noise.shape[1:]), noise.dtype, cond_bytes=cond_row_bytes(cond), cfg=adapter.do_cfg)
+    estimate = rollout_memory(spec, P, tuple(noise.shape[1:]), noise.dtype, cond_bytes=cond_row_bytes(cond), cfg=adapter.do_cfg, max_batch=max_batch)
     # a warm-up rollout of one chain per prompt: lazy initialisation is not the tree's memory
     rollout(adapter.predict, adapter.step, TreeSpec(NUM_STEPS), cond, noise)
     if device.startswith("cuda"):
@@ -57,7 +58,7 @@ def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, 
     else:
         reset = reset_peak_rss()
         start_mb = rss_mb()
-    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens)
+    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
@@ -68,7 +69,7 @@ def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, 
         peak, start = peak_mb * 1e6, (0.0 if math.isnan(start_mb) else start_mb * 1e6)
     return {
         "leaves": tree.num_leaves // P,
-        "max_batch": spec.max_batch,
+        "max_batch": max_batch,
         "calls": tree.num_model_calls,
         "estimate_mb": estimate.total / 1e6,
         "peak_mb": peak / 1e6,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from lit_treegrpo.core import TreeSpec, rollout
+from lit_treegrpo.core.seeding import generator
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.base import DiffusionAdapter
 from lit_treegrpo.rewards import build_reward
@@ -47,9 +48,9 @@ def build_adapter(path: str, kwargs: dict[str, Any]) -> DiffusionAdapter:
 def score(adapter: DiffusionAdapter, reward: Any, spec: TreeSpec, prompts: list[str], seed: int) -> list[float]:
     """Mean reward per prompt of ``spec``'s leaves; root and step noises from per-prompt seeds."""
     cond = adapter.encode_prompts(prompts)
-    roots = [torch.Generator(adapter.device).manual_seed(seed * 1_000_003 + i) for i in range(len(prompts))]
+    roots = [generator(seed, i, device=adapter.device) for i in range(len(prompts))]
     noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in roots])  # [P * chains, *S]
-    steps = [torch.Generator(adapter.device).manual_seed(seed * 1_000_003 + 500_000 + i) for i in range(len(prompts))]
+    steps = [generator(seed, 500_000 + i, device=adapter.device) for i in range(len(prompts))]
     tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=steps)
     images = adapter.decode(tree.leaf_latents)  # [P * chains, 3, H, W]
     leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]

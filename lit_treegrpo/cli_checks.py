@@ -14,7 +14,7 @@ from jsonargparse import Namespace
 from .cli_errors import UserError
 from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
-from .core.spec import TreeSpec
+from .core.spec import RolloutLimits, TreeSpec
 from .data import PromptDataModule
 from .rewards import check_reward_names
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
@@ -92,6 +92,7 @@ def check_config(config: Any) -> None:
     except (ValueError, ImportError) as err:
         raise UserError(f"--model.reward: {err}") from err
     tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
+    limits = _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
     _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
     _build("--model.pruning", lambda: PruningConfig(**_plain(model["pruning"])))
     _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
@@ -110,6 +111,7 @@ def check_config(config: Any) -> None:
             val_samples=model["val_samples"],
             edges_per_update=model["edges_per_update"],
             adapter_num_steps=adapter_args.get("num_steps"),
+            limits=limits,
             prefix="--model.",
         )
     except ValueError as err:

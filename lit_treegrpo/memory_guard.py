@@ -38,6 +38,7 @@ def check_rollout_memory(
     num_prompts: int,
     *,
     cfg: bool,
+    max_batch: int = 64,
     available: tuple[int | None, str],
     any_rank: Callable[[bool], bool],
 ) -> None:
@@ -53,6 +54,7 @@ def check_rollout_memory(
         noise.dtype,
         cond_bytes=cond_row_bytes(cond),
         cfg=cfg,
+        max_batch=max_batch,
     )
     available_bytes, where = available
     if available_bytes is None:
@@ -70,7 +72,7 @@ def check_rollout_memory(
     raise RolloutMemoryError(
         f"memory guard: one rollout needs about {estimate.describe()} for {num_prompts} prompts x "
         f"{spec.num_leaves} leaves on this rank, but {format_bytes(available_bytes)} is available ({where}; "
-        f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.tree.max_batch, "
+        f"x {guard.fraction} = {format_bytes(limit)}); lower --data.batch_size, --model.rollout.max_batch, "
         "the branching or num_trees, or set --model.memory_guard.enabled false to skip this check"
     )
 
@@ -80,10 +82,12 @@ class RolloutGuard:
 
     Args:
         settings: the guard's options (``--model.memory_guard``).
+        max_batch: most nodes per model call of the rollouts it guards (``--model.rollout``).
     """
 
-    def __init__(self, settings: MemoryGuard) -> None:
+    def __init__(self, settings: MemoryGuard, max_batch: int = 64) -> None:
         self.settings = settings
+        self.max_batch = max_batch
         self.checked = False
 
     def available(self, device: torch.device, processes: int) -> tuple[int | None, str]:
@@ -99,7 +103,7 @@ class RolloutGuard:
         if self.settings.enabled:
             available = self.available(adapter.device, processes)
             check_rollout_memory(self.settings, spec, cond, noise, num_prompts, cfg=adapter.do_cfg,
-                                 available=available, any_rank=any_rank)  # fmt: skip
+                                 max_batch=self.max_batch, available=available, any_rank=any_rank)  # fmt: skip
         self.checked = True
 
     def before_data(

@@ -31,9 +31,10 @@ from torch import Tensor
 
 from .core.advantages import tree_advantages
 from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
-from .core.pruning import PruningConfig, prune
-from .core.rollout import RolloutTree, rollout, source_minibatches
-from .core.spec import TreeSpec
+from .core.pruning import PruningConfig, PruningSchedule, prune
+from .core.rollout import RolloutTree, root_noise, rollout, source_minibatches
+from .core.seeding import generator
+from .core.spec import RolloutLimits, TreeSpec
 from .faults import FaultLedger, StepPlan, grads_finite
 from .memory_guard import RolloutGuard
 from .models.base import Cond, DiffusionAdapter
@@ -44,8 +45,6 @@ from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
-
-_MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
 
 class TreeGRPOModule(LightningModule):
@@ -58,10 +57,14 @@ class TreeGRPOModule(LightningModule):
             ``jpeg_compressibility``, ``jpeg_incompressibility``, ``brightness``, ``shapes``), a
             mapping name -> weight for a MultiReward (normalised per prompt, then weighted, as
             TreeGRPO), or a RewardModel.
-        tree: the rollout tree per prompt (``configs/trees/*.yaml`` hold every method's).
+        tree: the rollout tree per prompt and how its roots share noise (``configs/trees/*.yaml``
+            hold every method's).
+        rollout: how a rollout runs within memory (nodes per model call, a cap on leaves); a
+            resumed run may change it.
         advantage: advantage estimator settings.
         loss: the clipped policy loss (clip range, advantage clip, KL weight, aggregation).
-        pruning: edge pruning; a ``PruningSchedule`` callback replaces it per step.
+        pruning: fixed edge pruning; for pruning that changes with the iteration, the
+            ``PruningSchedule`` callback attaches a schedule (:attr:`pruning_schedule`) instead.
         optimizer: optimizer over the trainable parameters; default AdamW(lr=1e-5, wd=1e-4) as
             TreeGRPO.
         lr_scheduler: optional LR scheduler, stepped once per training step.
@@ -76,7 +79,6 @@ class TreeGRPOModule(LightningModule):
         inner_epochs: passes over the kept edges per rollout (PPO epochs; 1 in TreeGRPO).
         grad_clip: clip the gradient norm to this value (1.0 as the papers); null disables.
         seed: seeds every rollout, together with the iteration and the prompt's position.
-        shared_noise: give all ``num_trees`` roots of a prompt the same initial noise (DanceGRPO).
         val_seed: seed of the deterministic validation / test / predict samples.
         val_samples: samples per validation / test prompt (seeds ``val_seed``, ``val_seed + 1``,
             ...); with two or more, RewardMetrics also logs their within-prompt diversity.
@@ -91,6 +93,7 @@ class TreeGRPOModule(LightningModule):
         adapter: DiffusionAdapter,
         reward: RewardModel | str | dict[str, float],
         tree: TreeSpec,
+        rollout: RolloutLimits = RolloutLimits(),
         advantage: AdvantageSettings = AdvantageSettings(),
         loss: ClippedPolicyLoss | None = None,
         pruning: PruningConfig = PruningConfig(),
@@ -102,7 +105,6 @@ class TreeGRPOModule(LightningModule):
         inner_epochs: int = 1,
         grad_clip: float | None = 1.0,
         seed: int = 0,
-        shared_noise: bool = False,
         val_seed: int = 1234,
         val_samples: int = 1,
         reward_kwargs: dict[str, dict[str, Any]] | None = None,
@@ -112,10 +114,11 @@ class TreeGRPOModule(LightningModule):
         super().__init__()
         check_settings(tree, minibatches=minibatches, accumulate=accumulate, inner_epochs=inner_epochs,
                        grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
-                       adapter_num_steps=adapter.num_steps)  # fmt: skip
+                       adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {})
         self.tree = tree
+        self.rollout_limits = rollout
         self.advantage = advantage
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
         if self.loss_fn.kl_beta > 0 and adapter.lora is None:
@@ -126,6 +129,7 @@ class TreeGRPOModule(LightningModule):
                 f"{type(adapter).__name__} is not one: use kl_form exact"
             )
         self.pruning = pruning
+        self.pruning_schedule: PruningSchedule | None = None  # attached by the PruningSchedule callback
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.minibatches = minibatches
@@ -134,13 +138,12 @@ class TreeGRPOModule(LightningModule):
         self.inner_epochs = inner_epochs
         self.grad_clip = grad_clip
         self.seed = seed
-        self.shared_noise = shared_noise
         self.val_seed = val_seed
         self.val_samples = val_samples
         self.faults = faults
         self.memory_guard = memory_guard
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
-        self.rollout_guard = RolloutGuard(memory_guard)  # checks once per fit, before the first batch
+        self.rollout_guard = RolloutGuard(memory_guard, rollout.max_batch)  # checks once per fit, before the first batch
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.automatic_optimization = False
@@ -182,19 +185,13 @@ class TreeGRPOModule(LightningModule):
     # ------------------------------------------------------------------------ randomness
     def _generators(self, stream: int, first_position: int, count: int) -> list[torch.Generator]:
         """One generator per prompt, seeded by (seed, stream, iteration, global position)."""
-        base = ((self.seed * _MIX + stream) * _MIX + self.iteration) * _MIX
         device = self.adapter.device
-        return [torch.Generator(device).manual_seed((base + first_position + i) % 2**63) for i in range(count)]
+        return [generator(self.seed, stream, self.iteration, first_position + i, device=device) for i in range(count)]
 
     def _first_position(self, batch: PromptBatch) -> int:
         """Global stream position of this rank's first prompt (see PromptDataModule)."""
         per_rank = len(batch.prompts)
         return batch.index * per_rank * self.trainer.world_size + self.trainer.global_rank * per_rank
-
-    def _root_noise(self, gens: list[torch.Generator], num_trees: int) -> Tensor:
-        per_prompt = 1 if self.shared_noise else num_trees
-        noise = torch.cat([self.adapter.initial_noise(per_prompt, g) for g in gens])  # [P * n, *S]
-        return noise.repeat_interleave(num_trees, dim=0) if self.shared_noise else noise
 
     # ------------------------------------------------------------------------ scoring
     def _score(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -216,9 +213,10 @@ class TreeGRPOModule(LightningModule):
         first = self._first_position(batch)
         gens = self._generators(0, first, len(prompts))
         cond = self.adapter.encode_prompts(prompts)
-        noise = self._root_noise(gens, spec.num_trees)  # [P * num_trees, *S]
+        noise = root_noise(self.adapter.initial_noise, gens, spec)  # [P * num_trees, *S]
         self._guard_memory(spec, cond, noise, len(prompts))
-        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens)
+        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens,
+                       max_batch=self.rollout_limits.max_batch)
         timer.lap("rollout")
 
         leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
@@ -228,12 +226,13 @@ class TreeGRPOModule(LightningModule):
 
         screened = ledger.screen(scored.rewards, tree.leaf_prompt, len(prompts))
         advantages = self._advantages(tree, screened.rewards)  # [E]
-        keep = prune(tree, advantages, self.pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
+        pruning = self.pruning_at(spec)
+        keep = prune(tree, advantages, pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
         timer.lap("advantages")
 
         plan = ledger.tally(scored, screened, keep, prompts, tree.leaf_prompt, iteration=self.iteration,
                             sum_over_ranks=self._sum_over_ranks)  # fmt: skip
-        self._warn_if_nothing_kept(plan, tree)
+        self._warn_if_nothing_kept(plan, tree, pruning)
         update = self._update(tree, cond, advantages, keep, first) if plan.train else NO_UPDATE
         timer.lap("train")
         ledger.end_step(plan, update.steps, update.fault, self.iteration)
@@ -256,14 +255,22 @@ class TreeGRPOModule(LightningModule):
                                edge_old_log_prob=tree.edge_old_log_prob, beta=a.beta, clip=a.clip,
                                std_scope=a.std_scope)  # fmt: skip
 
-    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree) -> None:
+    def pruning_at(self, spec: TreeSpec) -> PruningConfig:
+        """This iteration's pruning: ``--model.pruning``, or the attached schedule's (``spec``: the
+        iteration's tree, whose stochastic steps a ``step_fraction`` draws from)."""
+        if self.pruning_schedule is None:
+            return self.pruning
+        stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
+        return self.pruning_schedule.at(self.iteration, self.trainer.max_steps, stochastic)
+
+    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
         if plan.kept or plan.faulty or self._warned_nothing_kept:
             return
         self._warned_nothing_kept = True
         message = (
             f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
-            f"nothing ({self.pruning}); check --model.pruning or the PruningSchedule callback (warned once)"
+            f"nothing ({pruning}); check --model.pruning or the PruningSchedule callback (warned once)"
         )
         warnings.warn(message, UserWarning, stacklevel=3)
 
@@ -293,7 +300,7 @@ class TreeGRPOModule(LightningModule):
         shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
         them; a step whose loss or gradient is not finite is refused through the fault ledger."""
         optimizer = self.optimizers()
-        shuffle = torch.Generator().manual_seed((self.seed * _MIX + self.iteration) * _MIX + first_position + 1)
+        shuffle = generator(self.seed, self.iteration, first_position + 1)
         totals: list[Any] = [0.0] * len(LossOutput._fields)
         micro = forwards = steps = 0
         fault = None
@@ -350,17 +357,12 @@ class TreeGRPOModule(LightningModule):
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
             return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), 0
-        reference = self.adapter.reference if self.loss_fn.kl_beta > 0 else None
+        kl = self.loss_fn.kl_beta > 0
+        # [B] |dt| of each edge's step, which only Flow-GRPO's KL form uses (a flow adapter: checked in __init__)
+        step_size = self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
         out, forwards = edge_loss(self.loss_fn, self.adapter.predict, self.adapter.step, tree, edges, cond, advantages,
-                                  reference=reference, step_size=self._kl_step_size(tree.edge_step[edges]))  # fmt: skip
+                                  reference=self.adapter.reference if kl else None, step_size=step_size)  # fmt: skip
         return out.loss, LossOutput(*(value.detach() for value in out)), forwards
-
-    def _kl_step_size(self, step_index: Tensor) -> Tensor | None:
-        """[B] |dt| of each edge's step, which only Flow-GRPO's KL form uses."""
-        if self.loss_fn.kl_beta == 0 or self.loss_fn.kl_form != "flow_grpo":
-            return None
-        assert isinstance(self.adapter, FlowMatchingAdapter)  # checked in __init__
-        return self.adapter.step_size(step_index)
 
     # ------------------------------------------------------------------------ memory
     def _guard_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
@@ -368,10 +370,6 @@ class TreeGRPOModule(LightningModule):
         if not self.rollout_guard.checked:
             self.rollout_guard.check(self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(),
                                      any_rank=self._any_rank)  # fmt: skip
-
-    def _available_memory(self) -> tuple[int | None, str]:
-        """(bytes available to this rank, where the number comes from)."""
-        return self.rollout_guard.available(self.adapter.device, self._node_processes())
 
     def _node_processes(self) -> int:
         """The processes of this node, which share its memory."""
@@ -384,10 +382,11 @@ class TreeGRPOModule(LightningModule):
         depends on ``seed`` and the prompt's text only, so an image does not change with the batch
         it is in or the number of processes."""
         device = self.adapter.device
-        gens = [torch.Generator(device).manual_seed(seed * _MIX + zlib.crc32(p.encode())) for p in prompts]
+        gens = [generator(seed, zlib.crc32(p.encode()), device=device) for p in prompts]
         cond = self.adapter.encode_prompts(prompts)
         noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
-        tree = rollout(self.adapter.predict, self.adapter.step, TreeSpec(self.adapter.num_steps), cond, noise)
+        tree = rollout(self.adapter.predict, self.adapter.step, TreeSpec(self.adapter.num_steps), cond, noise,
+                       max_batch=self.rollout_limits.max_batch)
         return self.adapter.decode(tree.leaf_latents)
 
     def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:

@@ -24,13 +24,20 @@ def fingerprint(adapter_type: str, num_steps: int, tree: TreeSpec, trainable: It
     }
 
 
-#: TreeSpec fields that bound memory (how many rows per model call, how many leaves a config may
-#: ask for) without changing the tree a run samples: a resume may change them
+#: fields that older checkpoints recorded in their tree but that now belong to ``RolloutLimits``
+#: (how many rows per model call, how many leaves a config may ask for): not part of the tree a run
+#: samples, so a resume may change them (lowering max_batch is the memory guard's own advice)
 MEMORY_FIELDS = ("max_batch", "max_leaves")
 
 
-def _shape(tree: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in tree.items() if k not in MEMORY_FIELDS}
+def _saved_tree(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's tree, rebuilt so that a field it predates reads at its default; a
+    checkpoint from before ``shared_noise`` joined the tree (it was a module option then, not
+    recorded) is compared with this run's value, as nothing says otherwise."""
+    fields = {k: v for k, v in saved.items() if k not in MEMORY_FIELDS}
+    if "shared_noise" not in fields:
+        fields["shared_noise"] = mine.get("shared_noise", False)
+    return asdict(TreeSpec.from_dict(fields))
 
 
 def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Mapping[str, Any] | None) -> None:
@@ -43,9 +50,7 @@ def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any], state_dic
                 f"the checkpoint's {key} differs from this run's configuration; resume with the "
                 f"configuration it was trained with"
             )
-    # rebuilt, so that a checkpoint from before a TreeSpec field existed reads it at its default;
-    # the memory knobs are left out: lowering max_batch is the memory guard's own advice
-    if _shape(asdict(TreeSpec.from_dict(saved["tree"]))) != _shape(mine["tree"]):
+    if _saved_tree(saved["tree"], mine["tree"]) != dict(mine["tree"]):
         raise ValueError(
             f"the checkpoint was trained with tree {saved['tree']}, this run has "
             f"{mine['tree']}; resume with the same --model.tree"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .core.advantages import METHODS, AdvantageMethod, StdScope
-from .core.spec import TreeSpec
+from .core.spec import RolloutLimits, TreeSpec
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,7 @@ def check_settings(
     val_samples: int = 1,
     edges_per_update: int | None = None,
     adapter_num_steps: int | None = None,
+    limits: RolloutLimits | None = None,
     prefix: str = "",
 ) -> None:
     """The module's checks that need no model (the CLI runs them before any weights load);
@@ -112,6 +113,8 @@ def check_settings(
             f"{prefix}tree has one leaf per prompt (num_trees 1, branching 1), so every advantage "
             "would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"
         )
+    if limits is not None:
+        limits.check(tree)  # its message names --model.rollout.max_leaves
     for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
                         ("val_samples", val_samples)):  # fmt: skip
         if value < 1:

@@ -248,7 +248,7 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--model.tree.branch_steps", "[3]"], "--model.tree: branch_steps contains the last denoising step 3"),
-        (["--model.tree.branching", "8", "--model.tree.max_leaves", "32"], "--model.tree: the tree has 64 leaves per prompt"),
+        (["--model.tree.branching", "8", "--model.rollout.max_leaves", "32"], "the tree has 64 leaves per prompt"),
         (["--model.tree.num_steps", "6"], "--model.tree.num_steps=6 but the adapter samples with num_steps=4"),
         (["--model.tree.branch_steps", "[]"], "--model.tree has no stochastic step, so nothing would train"),
         (["--model.minibatches", "0"], "--model.minibatches must be >= 1, got 0"),

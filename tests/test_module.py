@@ -8,7 +8,8 @@ import lightning as L
 import pytest
 import torch
 
-from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, TreeSpec
+from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, RolloutLimits, TreeSpec
+from lit_treegrpo.core.rollout import root_noise
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.faults import FaultLimitError, FaultWarning
@@ -115,9 +116,9 @@ def test_pruning_and_kl_paths_train(tmp_path) -> None:
 
 
 def test_shared_noise_gives_every_root_of_a_prompt_the_same_start() -> None:
-    model = module(tree=TreeSpec(T, sde_steps=(0, 1), num_trees=3), shared_noise=True)
+    model = module(tree=TreeSpec(T, sde_steps=(0, 1), num_trees=3, shared_noise=True))
     gens = model._generators(0, 0, 2)
-    noise = model._root_noise(gens, 3)
+    noise = root_noise(model.adapter.initial_noise, gens, model.tree)
     assert noise.shape[0] == 6
     assert torch.equal(noise[0], noise[1]) and torch.equal(noise[1], noise[2])
     assert not torch.equal(noise[0], noise[3])
@@ -251,7 +252,7 @@ def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> Non
     cond = model.adapter.encode_prompts(["a red circle", "a blue square"])
     from lit_treegrpo.core import rollout, tree_advantages
 
-    tree = rollout(model.adapter.predict, model.adapter.step, SPEC, cond, model._root_noise(gens, 1), generator=gens)
+    tree = rollout(model.adapter.predict, model.adapter.step, SPEC, cond, root_noise(model.adapter.initial_noise, gens, SPEC), generator=gens)
     rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(0))
     stand_in = torch.where(tree.leaf_prompt == 0, torch.zeros_like(rewards), rewards)
     args = (tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
@@ -403,7 +404,7 @@ def test_the_memory_guard_refuses_a_tree_that_cannot_fit_before_the_first_rollou
     estimate = rollout_memory(SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(model.adapter.encode_prompts(["a"])))
     assert message.startswith(f"memory guard: one rollout needs about {estimate.describe()} for 2 prompts x 4 leaves")
     assert "on this rank, but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B)" in message
-    assert "lower --data.batch_size, --model.tree.max_batch" in message
+    assert "lower --data.batch_size, --model.rollout.max_batch" in message
     assert "--model.memory_guard.enabled false" in message
     assert calls == [] and model.iteration == 0  # no rollout ran
 
@@ -417,7 +418,7 @@ def test_the_memory_guard_can_be_disabled(tmp_path) -> None:
 def test_the_memory_guard_measures_this_machine(tmp_path) -> None:
     model = module()
     fit(model, 1, tmp_path)  # the tiny tree fits in any machine's memory
-    available, where = model._available_memory()
+    available, where = model.rollout_guard.available(model.adapter.device, 1)
     assert available is not None and available > 0 and where.startswith("MemAvailable / 1 process")
 
 
@@ -454,12 +455,16 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     mine = {"state_dict": full.state_dict()}
     full.on_save_checkpoint(mine)
     assert list(mine["lit_treegrpo"]) == list(saved) == ["iteration", "fingerprint", "faults"]
-    assert mine["lit_treegrpo"]["fingerprint"] == saved["fingerprint"]
+    ours, theirs = mine["lit_treegrpo"]["fingerprint"], saved["fingerprint"]
+    assert {k: v for k, v in ours.items() if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
+    # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
+    migrated = {k: v for k, v in theirs["tree"].items() if k not in ("max_batch", "max_leaves")}
+    assert ours["tree"] == {**migrated, "shared_noise": False} and "max_batch" in theirs["tree"]
     assert list(mine["lit_treegrpo"]["faults"]) == list(saved["faults"])
 
 
 def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -> None:
-    # the memory guard's advice is "lower --model.tree.max_batch": resuming with it must not be
+    # the memory guard's advice is "lower --model.rollout.max_batch": resuming with it must not be
     # refused, and chunking the model calls differently must not change what the run computes
     from dataclasses import replace
 
@@ -467,7 +472,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
 
     committed = Path(made.__file__).with_name(made.NAME)
     full, resumed = made.model(), made.model()
-    resumed.tree = replace(resumed.tree, max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
+    resumed.rollout_limits = RolloutLimits(max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
     made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False).fit(resumed, made.data(), ckpt_path=committed)
     assert resumed.iteration == full.iteration == 4
@@ -475,7 +480,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
     for a, b in zip(resumed.adapter.trainable_parameters(), full.adapter.trainable_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
-    shape_changed.tree = replace(shape_changed.tree, branching=3, max_leaves=16)  # still refused
+    shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused
     with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
         made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(shape_changed, made.data(), ckpt_path=committed)
 
@@ -488,3 +493,19 @@ def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
         fit(model, 2, tmp_path, max_epochs=1, limit_train_batches=2)
     assert sum("pruning kept none" in str(w.message) for w in caught) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))
+
+
+def test_the_pruning_schedule_callback_is_applied_by_the_module_and_never_overwrites_model_pruning(tmp_path) -> None:
+    from lit_treegrpo.callbacks import PruningSchedule
+
+    model = module()
+    seen: list[PruningConfig] = []
+    real = model.pruning_at
+    model.pruning_at = lambda spec: seen.append(real(spec)) or seen[-1]  # type: ignore[method-assign]
+    schedule = PruningSchedule(depth_window=1, depth_every=1, depth_stop=1)
+    fit(model, 3, tmp_path, max_epochs=1, limit_train_batches=3, callbacks=[schedule])
+    assert [p.depth_window for p in seen] == [(0, 1), (1, 2), (1, 2)]  # the schedule's, per iteration
+    assert model.pruning == PruningConfig() and model.pruning_schedule is None  # config untouched, detached
+    both = module(pruning=PruningConfig(width="ratio"))
+    with pytest.raises(ValueError, match="both --model.pruning .* and the PruningSchedule callback"):
+        fit(both, 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule()])

@@ -1,25 +1,28 @@
 """The TreeGRPO engine in pure torch: no Lightning, no diffusers (a test enforces it).
 
 - :mod:`.steps`: one denoising transition as a Gaussian policy (flow SDE / ODE, DDIM).
-- :mod:`.spec`: :class:`TreeSpec`, which steps branch, and window schedules.
+- :mod:`.spec`: :class:`TreeSpec`, which steps branch, and window schedules; :class:`RolloutLimits`.
+- :mod:`.seeding`: :func:`seed_of`, the one way a (seed, position in the run) becomes a generator.
 - :mod:`.rollout`: grow the tree, one batched model call per depth; recompute edge log-probs.
 - :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
-- :mod:`.pruning`: width / depth pruning -> edge masks.
+- :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
 """
 
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
 from .loss import ClippedPolicyLoss, LossOutput, edge_loss
-from .pruning import PruningConfig, prune
+from .pruning import PruningConfig, PruningSchedule, prune
 from .rollout import (
     EdgeLogProbs,
     RolloutTree,
     index_cond,
     recompute_log_probs,
     rollout,
+    root_noise,
     source_minibatches,
 )
-from .spec import TreeSpec, WindowSchedule
+from .seeding import generator, seed_of
+from .spec import RolloutLimits, TreeSpec, WindowSchedule
 from .steps import StepOutput, ddim_step, flow_sde_step, gaussian_log_prob
 
 __all__ = [
@@ -28,8 +31,10 @@ __all__ = [
     "EdgeLogProbs",
     "LossOutput",
     "PruningConfig",
+    "PruningSchedule",
     "RolloutTree",
     "StepOutput",
+    "RolloutLimits",
     "TreeSpec",
     "WindowSchedule",
     "combine_rewards",
@@ -42,6 +47,8 @@ __all__ = [
     "prune",
     "recompute_log_probs",
     "rollout",
+    "root_noise",
+    "seed_of",
     "source_minibatches",
     "tree_advantages",
 ]

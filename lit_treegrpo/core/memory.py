@@ -78,6 +78,7 @@ def rollout_memory(
     *,
     cond_bytes: int = 0,
     cfg: bool = False,
+    max_batch: int = 64,
 ) -> RolloutMemory:
     """Peak bytes of ``rollout(..., spec, cond, noise)`` for ``num_prompts`` prompts.
 
@@ -88,6 +89,7 @@ def rollout_memory(
         latent_dtype: the latents' dtype (the denoiser's).
         cond_bytes: conditioning bytes per prompt row (:func:`cond_row_bytes` of the encoded cond).
         cfg: whether each model call doubles its rows for classifier-free guidance.
+        max_batch: most nodes per model call, as given to ``rollout`` (``RolloutLimits``).
     """
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
@@ -102,7 +104,7 @@ def rollout_memory(
     sources = sum(spec.nodes_at(t) for t in range(spec.num_steps) if spec.is_stochastic(t))  # per prompt
     edges = spec.num_edges()  # per prompt
     leaves = spec.num_leaves  # per prompt, and the widest frontier
-    call_rows = min(spec.max_batch, leaves * P)
+    call_rows = min(max_batch, leaves * P)
     return RolloutMemory(
         {
             "recorded sources": sources * P * lat,

@@ -17,13 +17,15 @@ Width pruning (BranchGRPO sec. 3.4), choosing *leaves* and keeping every edge ab
 Depth pruning acts on the edges whose depth (number of recorded ancestors) lies in ``[lo, hi)``:
 ``depth_mode="drop"`` leaves them out of training (BranchGRPO's code, ``--depth_pruning``: the
 listed depths are pruned, the window sliding towards the root), ``"keep"`` trains only them. The
-window's schedule lives in the ``PruningSchedule`` callback. Step pruning keeps edges recorded at
-given denoising steps (DanceGRPO trains a random 60% of the timesteps of every iteration; the
-``PruningSchedule`` callback draws them).
+window's schedule is :class:`PruningSchedule`, a pure function of the iteration that the
+``PruningSchedule`` callback applies. Step pruning keeps edges recorded at given denoising steps
+(DanceGRPO trains a random 60% of the timesteps of every iteration; the schedule draws them).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +34,7 @@ from torch import Tensor
 
 from .advantages import PathPairs, path_pairs
 from .rollout import RolloutTree
+from .seeding import generator
 
 WidthPruning = Literal["none", "parent_top1", "extreme", "ratio"]
 DepthMode = Literal["drop", "keep"]
@@ -172,3 +175,141 @@ __all__ = [
     "prune",
     "ratio_mask",
 ]
+
+
+Direction = Literal["deeper", "shallower"]
+
+
+@dataclass(frozen=True)
+class PruningSchedule:
+    """The :class:`PruningConfig` of every training step, a pure function of the iteration (like
+    :meth:`TreeSpec.at <lit_treegrpo.core.spec.TreeSpec.at>` for the window): a resumed or
+    distributed run gets exactly the pruning the uninterrupted run would have had.
+
+    Width pruning: ``width`` is in force for the first ``ceil(width_fraction * max_steps)`` training
+    steps, ``"none"`` afterwards; with ``width_fraction = 1`` it is always on and the run length is
+    not needed. Depth pruning acts on the depths ``[lo, lo + depth_window)`` with ``lo =
+    depth_start ± depth_shift * (iteration // depth_every)`` (``+`` for ``"deeper"``, ``-`` for
+    ``"shallower"``), never past ``depth_stop`` (for ``"shallower"`` the default stop is 0).
+    BranchGRPO's code drops a window of 4 of its deepest depths and slides it one depth towards the
+    root every 30 iterations (``depth_mode="drop", depth_window=4, depth_start=T-5,
+    depth_direction="shallower", depth_every=30``, stop at the last split). ``step_fraction`` is
+    DanceGRPO's ``timestep_fraction``: train the edges of ``ceil(step_fraction * n)`` of the ``n``
+    stochastic steps, drawn from ``(seed, iteration)``.
+    """
+
+    width: WidthPruning = "none"
+    """``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see the module docstring)."""
+    width_fraction: float = 1.0
+    """Fraction of ``trainer.max_steps`` with width pruning on, in (0, 1]."""
+    extreme_n: int = 1
+    """Best and worst leaves kept per prompt by ``extreme``."""
+    ratio: float = 0.5
+    """Fraction of edges kept per prompt by ``ratio``, in (0, 1]."""
+    depth_window: int | None = None
+    """Size of the depth window; ``None`` trains every depth."""
+    depth_every: int = 30
+    """Training steps between two moves of the window."""
+    depth_shift: int = 1
+    """Depths the window moves each time (0 keeps it fixed)."""
+    depth_start: int = 0
+    """First depth of the window at iteration 0."""
+    depth_stop: int | None = None
+    """The window's first depth never moves past this depth (``None``: no limit for ``"deeper"``,
+    0 for ``"shallower"``)."""
+    depth_direction: Direction = "deeper"
+    """``"deeper"`` (towards the leaves) or ``"shallower"`` (towards the root)."""
+    depth_mode: DepthMode = "drop"
+    """``"drop"`` (the window's depths do not train; BranchGRPO's code) or ``"keep"`` (only they do)."""
+    step_fraction: float = 1.0
+    """Fraction of each iteration's stochastic steps trained (DanceGRPO: 0.6); 1.0 trains all."""
+    seed: int = 0
+    """Seed of the ``step_fraction`` draws."""
+
+    def __post_init__(self) -> None:
+        name = "PruningSchedule"
+        if self.width not in ("none", "parent_top1", "extreme", "ratio"):
+            raise ValueError(f"{name}.width must be none, parent_top1, extreme or ratio; got {self.width!r}")
+        for field, value in (("width_fraction", self.width_fraction), ("ratio", self.ratio),
+                             ("step_fraction", self.step_fraction)):  # fmt: skip
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name}.{field} must be in (0, 1], got {value}")
+        if self.extreme_n < 1:
+            raise ValueError(f"{name}.extreme_n must be >= 1, got {self.extreme_n}")
+        if self.depth_window is not None and self.depth_window < 1:
+            raise ValueError(f"{name}.depth_window must be >= 1 or None, got {self.depth_window}")
+        if self.depth_every < 1:
+            raise ValueError(f"{name}.depth_every must be >= 1 training step, got {self.depth_every}")
+        for field, value in (("depth_shift", self.depth_shift), ("depth_start", self.depth_start)):
+            if value < 0:
+                raise ValueError(f"{name}.{field} must be >= 0, got {value}")
+        if self.depth_direction not in ("deeper", "shallower"):
+            raise ValueError(f"{name}.depth_direction must be 'deeper' or 'shallower', got {self.depth_direction!r}")
+        if self.depth_mode not in ("drop", "keep"):
+            raise ValueError(f"{name}.depth_mode must be 'drop' or 'keep', got {self.depth_mode!r}")
+        stop, start = self.depth_stop, self.depth_start
+        if stop is not None:
+            if stop < 0:
+                raise ValueError(f"{name}.depth_stop must be >= 0 or None, got {stop}")
+            if self.depth_direction == "deeper" and stop < start:
+                raise ValueError(
+                    f"{name}.depth_stop={stop} is above depth_start={start}, but "
+                    "depth_direction='deeper' moves the window down; use depth_stop >= depth_start"
+                )
+            if self.depth_direction == "shallower" and stop > start:
+                raise ValueError(
+                    f"{name}.depth_stop={stop} is below depth_start={start}, but "
+                    "depth_direction='shallower' moves the window up; use depth_stop <= depth_start"
+                )
+        for field in ("width_fraction", "ratio", "step_fraction"):  # ints from YAML compare as floats
+            object.__setattr__(self, field, float(getattr(self, field)))
+
+    def width_steps(self, max_steps: int | None) -> int | None:
+        """Number of first training steps with width pruning on (``None``: all of them)."""
+        if self.width == "none":
+            return 0
+        if self.width_fraction >= 1.0:
+            return None
+        if max_steps is None or max_steps < 0:
+            raise ValueError(
+                f"PruningSchedule.width_fraction={self.width_fraction} needs the run length: set "
+                "trainer.max_steps (it is unset / -1), or use width_fraction=1.0"
+            )
+        # the tolerance keeps 0.07 * 100 = 7.000000000000001 at 7 steps
+        return math.ceil(self.width_fraction * max_steps - 1e-9)
+
+    def depth_lo(self, iteration: int) -> int:
+        """First depth of the window at ``iteration`` (only meaningful with a ``depth_window``)."""
+        moved = self.depth_shift * (iteration // self.depth_every)
+        if self.depth_direction == "deeper":
+            lo = self.depth_start + moved
+            return lo if self.depth_stop is None else min(lo, self.depth_stop)
+        return max(self.depth_start - moved, self.depth_stop or 0)
+
+    def steps_at(self, iteration: int, stochastic_steps: Sequence[int]) -> tuple[int, ...] | None:
+        """The denoising steps trained at ``iteration`` (``None``: all), drawn from ``stochastic_steps``."""
+        if self.step_fraction >= 1.0 or not stochastic_steps:
+            return None
+        n = math.ceil(self.step_fraction * len(stochastic_steps) - 1e-9)
+        chosen = torch.randperm(len(stochastic_steps), generator=generator(self.seed, iteration))[:n]
+        return tuple(stochastic_steps[i] for i in chosen.sort().values.tolist())
+
+    def at(self, iteration: int, max_steps: int | None, stochastic_steps: Sequence[int] = ()) -> PruningConfig:
+        """The pruning of training step ``iteration`` (0-based) of a run of ``max_steps`` steps
+        whose tree samples ``stochastic_steps`` at that iteration (needed by ``step_fraction``)."""
+        if iteration < 0:
+            raise ValueError(f"iteration must be >= 0, got {iteration}")
+        width_steps = self.width_steps(max_steps)
+        width_on = self.width != "none" and (width_steps is None or iteration < width_steps)
+        window = None
+        if self.depth_window is not None:
+            lo = self.depth_lo(iteration)
+            window = (lo, lo + self.depth_window)
+        return PruningConfig(
+            width=self.width if width_on else "none",
+            extreme_n=self.extreme_n,
+            ratio=self.ratio,
+            depth_window=window,
+            depth_mode=self.depth_mode,
+            steps=self.steps_at(iteration, stochastic_steps),
+        )

@@ -14,7 +14,7 @@ diffusers:
 dimension first; the rollout gathers rows per node with :func:`index_cond`.
 
 Why batch by depth: every node alive at denoising step ``t`` goes through ONE ``predict`` call
-(chunked by ``spec.max_batch``), and at a branch step the parent's output is computed once and
+(chunked by ``max_batch``), and at a branch step the parent's output is computed once and
 its ``k`` children differ only in noise. BranchGRPO's code forwards nodes one at a time.
 
 Random draws, in order (so that a run is reproducible from its generator): at every stochastic
@@ -141,6 +141,17 @@ def _step_noise(
     return torch.cat([torch.randn(rows, generator=g, device=device) for g in generator])
 
 
+def root_noise(
+    draw: Callable[[int, torch.Generator], Tensor], generators: Sequence[torch.Generator], spec: TreeSpec
+) -> Tensor:
+    """Root latents [P * spec.num_trees, *S] for ``rollout``, prompt-major: ``draw(n, generator)``
+    (an adapter's ``initial_noise``) gives each prompt's roots from its own generator; with
+    ``spec.shared_noise`` one noise per prompt, repeated for its ``num_trees`` roots (DanceGRPO)."""
+    per_prompt = 1 if spec.shared_noise else spec.num_trees
+    noise = torch.cat([draw(per_prompt, g) for g in generators])  # [P * per_prompt, *S]
+    return noise.repeat_interleave(spec.num_trees, dim=0) if spec.shared_noise else noise
+
+
 @torch.no_grad()
 def rollout(
     predict: PredictFn,
@@ -150,6 +161,7 @@ def rollout(
     noise: Tensor,
     *,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    max_batch: int = 64,
 ) -> RolloutTree:
     """Grow ``spec``'s tree for every prompt of ``cond`` from the root ``noise``.
 
@@ -161,7 +173,11 @@ def rollout(
             ``p * num_trees .. (p + 1) * num_trees - 1``).
         generator: RNG for the SDE noise (on ``noise.device``): one generator, one per prompt
             (P of them), or ``None`` for the global RNG.
+        max_batch: most nodes per model call (``RolloutLimits.max_batch``); a larger frontier
+            is chunked, which bounds activation memory and leaves the tree unchanged.
     """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     P = _num_cond_rows(cond)
     if noise.shape[0] != P * spec.num_trees:
         raise ValueError(
@@ -182,7 +198,7 @@ def rollout(
     num_sources = num_edges = nfe = calls = 0
     for t in range(spec.num_steps):
         n = x.shape[0]
-        model_output, c = _chunked_predict(predict, x, t, node_cond, spec.max_batch)  # [N, *S]
+        model_output, c = _chunked_predict(predict, x, t, node_cond, max_batch)  # [N, *S]
         nfe += n
         calls += c
         if not spec.is_stochastic(t):

@@ -5,7 +5,7 @@ the frontier gets ``k`` children (one model forward of the parent, ``k`` indepen
 extra *SDE step* it gets one stochastic child; every other step is a deterministic ODE step that
 records nothing and is never trained. Each stochastic transition is a recorded *edge*.
 
-One configuration covers every method of the papers (see ../shared/PAPERS.md):
+One configuration covers every method of the papers:
 
 ===================  ====================================================================
 TreeGRPO (k3 d3)     ``TreeSpec(10, branch_steps=(0, 1, 2), branching=3)`` + a window schedule
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from .seeding import generator
 
 WindowKind = Literal["fixed", "shifting", "geometric", "progressive"]
 WindowTarget = Literal["branch", "sde"]
@@ -113,9 +115,38 @@ class WindowSchedule:
                 return self.start + self.shift * ((step // self.every) % positions)
             return min(moved, max_offset)
         # geometric: a generator seeded from (seed, step) alone, independent of any global RNG.
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63))
+        gen = generator(self.seed, step)
         probs = torch.tensor([self.ratio**i for i in range(max_offset + 1)], dtype=torch.float64)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """How a rollout is run within memory, as opposed to which tree it grows (:class:`TreeSpec`).
+
+    Changing these never changes what a run samples (up to float rounding of chunked calls), so a
+    resumed run may change them: lowering ``max_batch`` is the memory guard's own advice."""
+
+    max_batch: int = 64
+    """Most nodes per model call; a larger frontier is chunked. Bounds activation memory."""
+    max_leaves: int = 256
+    """Refuse trees with more leaves per prompt than this (a typo in branching grows them fast)."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"rollout.max_batch must be >= 1, got {self.max_batch}")
+        if self.max_leaves < 1:
+            raise ValueError(f"rollout.max_leaves must be >= 1, got {self.max_leaves}")
+
+    def check(self, spec: TreeSpec) -> None:
+        """Refuse a tree with more leaves per prompt than ``max_leaves``."""
+        if spec.num_leaves > self.max_leaves:
+            raise ValueError(
+                f"the tree has {spec.num_leaves} leaves per prompt (branching {spec.branching} at "
+                f"steps {spec.branch_steps} x num_trees {spec.num_trees}), above rollout.max_leaves="
+                f"{self.max_leaves}; reduce branching / branch_steps / num_trees or raise "
+                "--model.rollout.max_leaves"
+            )
 
 
 @dataclass(frozen=True)
@@ -132,14 +163,13 @@ class TreeSpec:
     """Extra stochastic steps that do not split (BranchGRPO-Mix, flat GRPO). Recorded and trained."""
     num_trees: int = 1
     """Independent roots per prompt (each from its own noise). Flat GRPO uses its group size G."""
-    max_batch: int = 64
-    """Most nodes per model call; a larger frontier is chunked. Bounds activation memory."""
+    shared_noise: bool = False
+    """All ``num_trees`` roots of a prompt start from the same initial noise (DanceGRPO's groups),
+    instead of one noise each. Part of how a method samples, so it lives with the tree."""
     ode_tail: int = 1
     """The last ``ode_tail`` denoising steps are always deterministic: no branch or SDE step there,
     and a window schedule never moves onto them. 1 (the default) keeps only the nearly degenerate
     last step deterministic; MixGRPO keeps 2."""
-    max_leaves: int = 256
-    """Refuse trees with more leaves per prompt than this (a typo in branching grows them fast)."""
     window: WindowSchedule | None = None
     """Optional schedule that moves the branch or SDE steps per training step (:meth:`at`)."""
 
@@ -193,14 +223,6 @@ class TreeSpec:
             raise ValueError(f"branching must be >= 1 children per split, got {self.branching}")
         if self.num_trees < 1:
             raise ValueError(f"num_trees must be >= 1, got {self.num_trees}")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if self.num_leaves > self.max_leaves:
-            raise ValueError(
-                f"the tree has {self.num_leaves} leaves per prompt (branching {self.branching} at "
-                f"steps {self.branch_steps} x num_trees {self.num_trees}), above max_leaves="
-                f"{self.max_leaves}; reduce branching / branch_steps / num_trees or raise max_leaves"
-            )
         if self.window is not None:
             self.window.offset(0, self._window_max_offset())  # raises if it cannot be placed
 

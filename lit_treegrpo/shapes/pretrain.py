@@ -34,12 +34,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..core.rollout import rollout
+from ..core.seeding import generator
 from ..core.spec import TreeSpec
 from ..models.shapes import ShapesAdapter, ShapesModelConfig, build_components, encode_text, model_config_of, save_components
 from ..rewards.shapes import ShapesReward
 from . import world
 
-_MIX = 1_000_003
 
 
 class SceneBatch(NamedTuple):
@@ -70,7 +70,7 @@ class SceneStream(IterableDataset):
         self.start_index = start_index
 
     def batch(self, k: int) -> SceneBatch:
-        gen = torch.Generator().manual_seed((self.seed * _MIX + k) % 2**63)
+        gen = generator(self.seed, k)
         scenes = world.sample_scenes(
             self.batch_size,
             self.image_size,
@@ -233,7 +233,7 @@ class ShapesPretrainModule(pl.LightningModule):
         return torch.nn.functional.mse_loss(v.float(), (eps - images).float())
 
     def training_step(self, batch: SceneBatch, batch_idx: int) -> Tensor:
-        gen = torch.Generator().manual_seed(((self.seed + 1) * _MIX + batch.index) % 2**63)
+        gen = generator(self.seed + 1, batch.index)
         loss = self.flow_loss(batch.images, batch.prompts, gen)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite pre-training loss {loss.item()} at step {self.global_step}")
@@ -337,10 +337,10 @@ def evaluate_adapter(adapter: ShapesAdapter, prompts: list[str], seed: int = 0) 
 @torch.no_grad()
 def sample(adapter: ShapesAdapter, prompts: list[str], seed: int = 0) -> Tensor:
     """Deterministic (ODE) samples [P, 3, H, W] in [0, 1], noise from one generator per position."""
-    gens = [torch.Generator().manual_seed(seed * _MIX + i) for i in range(len(prompts))]
+    gens = [generator(seed, i) for i in range(len(prompts))]
     noise = torch.cat([adapter.initial_noise(1, g) for g in gens])  # [P, 3, H, W]
     cond = adapter.encode_prompts(prompts)
-    tree = rollout(adapter.predict, adapter.step, TreeSpec(adapter.num_steps, max_batch=512), cond, noise)
+    tree = rollout(adapter.predict, adapter.step, TreeSpec(adapter.num_steps), cond, noise, max_batch=512)
     return adapter.decode(tree.leaf_latents)
 
 

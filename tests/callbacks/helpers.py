@@ -46,6 +46,7 @@ class StandIn(pl.LightningModule):
         self.automatic_optimization = False
         self.adapter = tiny_adapter()
         self.pruning = PruningConfig()
+        self.pruning_schedule = None  # attached by the PruningSchedule callback, as on TreeGRPOModule
         self.iteration = 0
         self.lr = lr
         self.nan_prompt = nan_prompt
@@ -66,7 +67,8 @@ class StandIn(pl.LightningModule):
         return a.decode(x)  # [P, 3, H, W]
 
     def training_step(self, batch: list[str], batch_idx: int) -> dict[str, Any]:
-        self.seen_pruning.append((self.iteration, self.pruning))
+        pruning = self.pruning if self.pruning_schedule is None else self.pruning_schedule.at(self.iteration, self.trainer.max_steps)
+        self.seen_pruning.append((self.iteration, pruning))
         # like TreeGRPOModule, the data position is the iteration: Lightning restarts a plain
         # DataLoader at its first batch when it resumes from a checkpoint written at an epoch's end
         first = len(batch) * self.iteration % len(TRAIN_PROMPTS)

@@ -68,7 +68,7 @@ def _grow(spec: TreeSpec, num_prompts: int, gen: torch.Generator, dim: int = 4) 
     toy = _Toy(spec.num_steps)
     cond = torch.randn(num_prompts, dim, generator=gen)  # [P, D]
     noise = torch.randn(num_prompts * spec.num_trees, dim, generator=gen)  # [P*G, D]
-    return rollout(toy.predict, toy.step, spec, cond, noise, generator=gen)
+    return rollout(toy.predict, toy.step, spec, cond, noise, generator=gen, max_batch=4096)
 
 
 # ----------------------------------------------------------------------------- slow reference
@@ -648,7 +648,7 @@ def _restrict_to_prompt(tree: RolloutTree, p: int):
 
 def test_ten_thousand_edges():
     # 100 prompts x 27 leaves: 3 + 9 + 27 branch edges and 2 x 27 chain edges per prompt = 9300.
-    spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=3, sde_steps=(3, 5), max_batch=4096)
+    spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=3, sde_steps=(3, 5))
     gen = torch.Generator().manual_seed(3)
     tree = _grow(spec, 100, gen, dim=1)
     assert tree.num_edges == 9300 and tree.num_leaves == 2700

@@ -18,8 +18,8 @@ def test_hand_counted_bytes_of_a_small_tree() -> None:
     # T=4, k=2 at steps 0 and 1: nodes_at = 1, 2, 4, 4; stochastic steps 0, 1 -> 1 + 2 = 3 sources,
     # edges 1*2 + 2*2 = 6, leaves 4 per prompt. P = 2 prompts, latents [4, 16, 16] float32:
     # n = 1024 elements, lat = 4096 bytes; conditioning 1000 bytes per row; CFG on; max_batch 5.
-    spec = TreeSpec(4, branch_steps=(0, 1), branching=2, max_batch=5)
-    est = rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=1000, cfg=True)
+    spec = TreeSpec(4, branch_steps=(0, 1), branching=2)
+    est = rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=1000, cfg=True, max_batch=5)
     assert est.parts == {
         "recorded sources": 3 * 2 * 4096,  # 24576
         "recorded edges": 6 * 2 * 4096,  # 49152
@@ -48,25 +48,26 @@ def test_bfloat16_latents_and_flat_trees() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec",
+    "spec,max_batch",
     [
-        TreeSpec(6, branch_steps=(0, 2), branching=(3, 2), sde_steps=(3,)),
-        TreeSpec(5, sde_steps=(0, 1, 2, 3), num_trees=4),
-        TreeSpec(6, branch_steps=(1, 3), branching=2, num_trees=2, max_batch=3),
+        (TreeSpec(6, branch_steps=(0, 2), branching=(3, 2), sde_steps=(3,)), 64),
+        (TreeSpec(5, sde_steps=(0, 1, 2, 3), num_trees=4), 64),
+        (TreeSpec(6, branch_steps=(1, 3), branching=2, num_trees=2), 3),
     ],
 )
-def test_the_recorded_parts_are_what_a_rollout_stores(spec: TreeSpec) -> None:
+def test_the_recorded_parts_are_what_a_rollout_stores(spec: TreeSpec, max_batch: int) -> None:
     P, shape = 3, (2, 4, 4)
     flow = ToyFlow(spec.num_steps)
     gen = torch.Generator().manual_seed(0)
-    tree = rollout(flow.predict, flow.step, spec, torch.zeros(P), torch.randn(P * spec.num_trees, *shape, generator=gen), generator=gen)
-    est = rollout_memory(spec, P, shape, torch.float32, cond_bytes=cond_row_bytes(torch.zeros(P)))
+    tree = rollout(flow.predict, flow.step, spec, torch.zeros(P), torch.randn(P * spec.num_trees, *shape, generator=gen), generator=gen,
+                   max_batch=max_batch)  # fmt: skip
+    est = rollout_memory(spec, P, shape, torch.float32, cond_bytes=cond_row_bytes(torch.zeros(P)), max_batch=max_batch)
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
     assert est.parts["recorded sources"] == nbytes(tree.source_x)
     assert est.parts["recorded edges"] == nbytes(tree.edge_x_next)
     assert est.parts["leaf latents"] == nbytes(tree.leaf_latents)
-    assert est.parts["model call input"] == min(spec.max_batch, tree.num_leaves) * (2 * 4 * 4 * 4 + 4)
-    assert max(flow.calls) <= spec.max_batch  # the chunking the estimate assumes
+    assert est.parts["model call input"] == min(max_batch, tree.num_leaves) * (2 * 4 * 4 * 4 + 4)
+    assert max(flow.calls) <= max_batch  # the chunking the estimate assumes
 
 
 def test_cond_row_bytes_counts_every_tensor_of_a_row() -> None:

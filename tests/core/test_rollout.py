@@ -21,12 +21,13 @@ from .helpers import ToyFlow
 SHAPE = (2, 3, 3)
 
 
-def grow(spec: TreeSpec, num_prompts: int = 2, seed: int = 0, model: ToyFlow | None = None):
+def grow(spec: TreeSpec, num_prompts: int = 2, seed: int = 0, model: ToyFlow | None = None, max_batch: int = 64):
     model = model or ToyFlow(spec.num_steps)
     gen = torch.Generator().manual_seed(seed)
     cond = torch.arange(num_prompts, dtype=torch.float32) * 0.5  # [P]
     noise = torch.randn((num_prompts * spec.num_trees, *SHAPE), generator=gen)
-    return rollout(model.predict, model.step, spec, cond, noise, generator=gen), model, cond, noise
+    tree = rollout(model.predict, model.step, spec, cond, noise, generator=gen, max_batch=max_batch)
+    return tree, model, cond, noise
 
 
 def linear_loop(model: ToyFlow, spec: TreeSpec, cond: torch.Tensor, noise: torch.Tensor, gen):
@@ -137,10 +138,9 @@ def test_leaf_count_and_prompt_grouping(num_prompts: int, num_trees: int) -> Non
 
 
 def test_max_batch_chunks_calls_without_changing_results() -> None:
-    big = TreeSpec(6, branch_steps=(0, 1), branching=3, num_trees=2)
-    small = TreeSpec(6, branch_steps=(0, 1), branching=3, num_trees=2, max_batch=4)
-    a, model_a, _, _ = grow(big, num_prompts=2)
-    b, model_b, _, _ = grow(small, num_prompts=2)
+    spec = TreeSpec(6, branch_steps=(0, 1), branching=3, num_trees=2)
+    a, model_a, _, _ = grow(spec, num_prompts=2)
+    b, model_b, _, _ = grow(spec, num_prompts=2, max_batch=4)
     assert torch.equal(a.leaf_latents, b.leaf_latents)
     assert torch.equal(a.edge_old_log_prob, b.edge_old_log_prob)
     assert max(model_b.calls) == 4 and sum(model_b.calls) == sum(model_a.calls)

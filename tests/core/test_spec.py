@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lit_treegrpo.core.spec import TreeSpec, WindowSchedule
+from lit_treegrpo.core.spec import RolloutLimits, TreeSpec, WindowSchedule
 
 
 def test_treegrpo_k3_d3_counts() -> None:
@@ -64,8 +64,6 @@ def test_flat_grpo_spec() -> None:
         (dict(num_steps=10, branch_steps=(1, 2), branching=(2,)), "one entry per branch step"),
         (dict(num_steps=10, branch_steps=(1,), branching=0), "branching must be >= 1"),
         (dict(num_steps=10, num_trees=0), "num_trees"),
-        (dict(num_steps=10, max_batch=0), "max_batch"),
-        (dict(num_steps=10, branch_steps=(0, 1, 2, 3, 4, 5), branching=3), "max_leaves"),
     ],
 )
 def test_validation_names_the_field(kwargs: dict, message: str) -> None:
@@ -73,9 +71,20 @@ def test_validation_names_the_field(kwargs: dict, message: str) -> None:
         TreeSpec(**kwargs)
 
 
-def test_leaf_cap_is_configurable() -> None:
-    spec = TreeSpec(10, branch_steps=(0, 1, 2, 3, 4, 5), branching=3, max_leaves=3**6)
+def test_leaf_cap_is_a_rollout_limit_and_configurable() -> None:
+    spec = TreeSpec(10, branch_steps=(0, 1, 2, 3, 4, 5), branching=3)  # 729 leaves: a tree like any
     assert spec.num_leaves == 729
+    with pytest.raises(ValueError, match=r"729 leaves per prompt .* above rollout.max_leaves=256"):
+        RolloutLimits().check(spec)
+    RolloutLimits(max_leaves=3**6).check(spec)
+    for bad in (dict(max_batch=0), dict(max_leaves=0)):
+        with pytest.raises(ValueError, match=f"rollout.{next(iter(bad))} must be >= 1"):
+            RolloutLimits(**bad)
+
+
+def test_shared_noise_is_part_of_the_tree() -> None:
+    assert TreeSpec(4, sde_steps=(0,), num_trees=3, shared_noise=True) != TreeSpec(4, sde_steps=(0,), num_trees=3)
+    assert TreeSpec.from_dict({"num_steps": 4, "sde_steps": [0], "shared_noise": True}).shared_noise
 
 
 def test_lists_become_tuples_and_spec_is_hashable() -> None:
