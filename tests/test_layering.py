@@ -51,3 +51,38 @@ def test_importing_the_package_sets_no_warning_filter_and_main_does() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.split() == ["0", "1"]
+
+
+def _lit_imports(path: Path) -> set[str]:
+    """The lit_treegrpo modules ``path`` imports (absolute names; relative ones resolved)."""
+    import ast
+
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if not node.module else base for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {name for name in found if name.startswith("lit_treegrpo")}
+
+
+def test_the_shapes_world_imports_run_one_way() -> None:
+    # world -> (model, reward) -> pretraining: nothing below imports anything above it
+    world = _lit_imports(REPO / "lit_treegrpo" / "shapes" / "world.py")
+    model = _lit_imports(REPO / "lit_treegrpo" / "models" / "shapes.py")
+    reward = _lit_imports(REPO / "lit_treegrpo" / "rewards" / "shapes.py")
+    pretrain = _lit_imports(REPO / "lit_treegrpo" / "shapes" / "pretrain.py")
+    assert world == set()
+    for layer in (model, reward):
+        assert "lit_treegrpo.shapes.world" in layer or "lit_treegrpo.shapes" in layer
+        assert not any("pretrain" in name for name in layer)
+    assert {"lit_treegrpo.models.shapes", "lit_treegrpo.rewards.shapes"} <= pretrain
+    assert not _lit_imports(REPO / "lit_treegrpo" / "shapes" / "__init__.py")
+    code = "import sys, lit_treegrpo.shapes.world\nprint(sorted(m for m in sys.modules if m.startswith('lit_treegrpo.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "['lit_treegrpo.shapes', 'lit_treegrpo.shapes.world']"
