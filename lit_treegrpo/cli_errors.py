@@ -97,6 +97,20 @@ def _type_name(text: str) -> str:
     return f"one of {literal.group(1)}" if literal else text.replace("typing.", "")
 
 
+#: options that moved, old -> new: a config written for an earlier version gets told where they went
+MOVED_OPTIONS = {
+    "--model.tree.max_batch": "--model.rollout.max_batch",
+    "--model.tree.max_leaves": "--model.rollout.max_leaves",
+    "--model.shared_noise": "--model.tree.shared_noise",
+}
+
+
+def _no_such_option(option: str, options: list[str], see: str, what: str = "") -> str:
+    if option in MOVED_OPTIONS:
+        return f"{option}{what}: this option moved to {MOVED_OPTIONS[option]}; rename it there ({see})"
+    return f"{option}{what}: no such option{_did_you_mean(option, options, list_siblings=True)} ({see})"
+
+
 def explain_parse_error(message: str, parser: Any) -> str:
     """jsonargparse's multi-line parse error -> one line naming the option and the fix."""
     prog = parser.prog.replace(" [options]", "")
@@ -107,13 +121,11 @@ def explain_parse_error(message: str, parser: Any) -> str:
     if unknown:
         given = [a.split("=", 1)[0] for a in unknown.group(1).split() if a.startswith("--")]
         if given:
-            return f"{given[0]}: no such option{_did_you_mean(given[0], options, list_siblings=True)} ({see})"
+            return _no_such_option(given[0], options, see)
         return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
     key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(r"Option '([\w.]+)' is not accepted before", text)
     if key:
-        option = f"--{key.group(1)}"
-        hint = _did_you_mean(option, options, list_siblings=True)
-        return f"{option} (a command-line option or a config key): no such option{hint} ({see})"
+        return _no_such_option(f"--{key.group(1)}", options, see, " (a command-line option or a config key)")
     keyed = re.match(r'Parser key "([\w.]+)":\s*(.*)', text, flags=re.S)
     if not keyed:
         return f"{' '.join(text.split())} ({see})"

@@ -204,6 +204,8 @@ BAD_YAML = """model:
     [
         (["--model.nope", "1"], "--model.nope: no such option; --model takes accumulate, adapter, advantage"),
         (["--model.tree.branchng", "3"], "--model.tree.branchng: no such option; did you mean --model.tree.branching?"),
+        (["--model.tree.max_batch", "4"], "--model.tree.max_batch: this option moved to --model.rollout.max_batch; rename it there"),
+        (["--model.shared_noise", "true"], "--model.shared_noise: this option moved to --model.tree.shared_noise; rename it there"),
         (["--trainer.max_step", "3"], "--trainer.max_step: no such option; did you mean --trainer.max_steps?"),
         (["--config", "BAD_YAML"], "--model.tree.branchin (a command-line option or a config key): no such option; did you mean --model.tree.branching?"),
         (["--model.minibatches", "abc"], "--model.minibatches: expected int, got 'abc'; fix the value"),
