@@ -69,7 +69,8 @@ def test_the_results_table_quotes_the_committed_benchmark_outputs() -> None:
 
 def test_the_results_quote_the_committed_sweep_and_step_noise_tables() -> None:
     """docs/results.md: the learning-rate sweep and the per-step noise diagnostic are the tables
-    the benchmarks wrote (benchmarks/results/shapes_cpu/sweep.md, results/step_noise/step_noise.md)."""
+    the benchmarks wrote (benchmarks/results/shapes_cpu/sweep.md,
+    benchmarks/results/step_noise/step_noise.md)."""
     section = (DOCS / "results.md").read_text()
     results = REPO / "benchmarks" / "results"
     for table in (results / "shapes_cpu" / "sweep.md", results / "step_noise" / "step_noise.md"):
