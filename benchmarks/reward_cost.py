@@ -3,7 +3,7 @@
 Every reward is the tiny random model of the tests (``PickScore.tiny`` ...), so the numbers
 measure the per-call overhead that batching removes (tokenizing, preprocessing, small kernels),
 not a real model's compute; on a GPU with real models batching also fills the device. With the
-image-reward extra installed (its own venv, see the README), ImageReward is measured too, on a
+image-reward extra installed (its own venv, see docs/rewards.md), ImageReward is measured too, on a
 randomly initialised model of the real size (ViT-L/16; slow on a CPU, hence ``--image-reward``).
 
 Ratios are what to read. Run:

@@ -1,4 +1,4 @@
-"""The benchmarks' code paths, at toy sizes (their numbers come from real runs, see the README)."""
+"""The benchmarks' code paths, at toy sizes (their numbers come from real runs, see docs/benchmarks.md and docs/results.md)."""
 
 from __future__ import annotations
 

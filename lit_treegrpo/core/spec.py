@@ -5,7 +5,8 @@ the frontier gets ``k`` children (one model forward of the parent, ``k`` indepen
 extra *SDE step* it gets one stochastic child; every other step is a deterministic ODE step that
 records nothing and is never trained. Each stochastic transition is a recorded *edge*.
 
-One configuration covers every method of the papers:
+One configuration covers every method of the papers (TreeGRPO arXiv 2512.08153, BranchGRPO arXiv
+2509.06040, DanceGRPO, Flow-GRPO, MixGRPO; their presets are ``configs/trees/*.yaml``):
 
 ===================  ====================================================================
 TreeGRPO (k3 d3)     ``TreeSpec(10, branch_steps=(0, 1, 2), branching=3)`` + a window schedule

@@ -9,8 +9,8 @@ Built from library classes, like a real checkpoint, in a diffusers-style folder:
     shapes_world.json  how the weights were made (config, seed, steps, final loss)
 
 The weights that ship in ``lit_treegrpo/shapes/weights`` are made by
-``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml`` (README, "The
-Shapes world"); :class:`ShapesAdapter` loads them by default, or any folder of that layout, through
+``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml`` (docs/shapes.md,
+"Pre-training"); :class:`ShapesAdapter` loads them by default, or any folder of that layout, through
 ``from_pretrained`` of each component.
 """
 

@@ -10,7 +10,7 @@ BERT and the MLP in one call each, with the same preprocessing done in torch: sh
 tokenizer, padded to 35 tokens.
 
 The package pins old libraries, so it is an extra: ``pip install 'lit-treegrpo[image-reward]'``
-(see the README's "Rewards" section for the torch/torchvision it needs).
+(docs/rewards.md says which torch/torchvision it needs).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def import_image_reward():
     except ImportError as err:
         raise ImportError(
             f"the ImageReward reward needs the package 'image-reward' and its pinned dependencies: "
-            f"{EXTRA_HINT} (torch==2.14.1 torchvision==0.29.1 first, see the README); import "
+            f"{EXTRA_HINT} (torch==2.14.1 torchvision==0.29.1 first, see docs/rewards.md); import "
             f"failed with: {err}"
         ) from err
     return RM

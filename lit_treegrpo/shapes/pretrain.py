@@ -2,7 +2,7 @@
 
 ``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml`` trains from a
 seed and, at the end, writes the EMA weights as a Shapes model folder to ``export_dir`` (the shipped
-weights live in ``lit_treegrpo/shapes/weights``; the README says how to regenerate them).
+weights live in ``lit_treegrpo/shapes/weights``; docs/shapes.md says how to regenerate them).
 
 Every random draw is a pure function of ``(seed, step)``: batch ``k`` renders
 :func:`~lit_treegrpo.shapes.world.sample_scenes` from a generator seeded by ``(seed, k)``, and the

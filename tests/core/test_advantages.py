@@ -1,7 +1,7 @@
 """tree_advantages: hand-derived trees, a slow per-node reference on real rollouts, edge cases.
 
-The reference below follows the text of DESIGN.md "Contract: core" (the ``tree_advantages`` bullet)
-and the module docstring of ``lit_treegrpo.core.advantages`` node by node, with Python lists,
+The reference below follows the module docstring of ``lit_treegrpo.core.advantages`` (and the
+estimators' summary in docs/concepts.md) node by node, with Python lists,
 recursion and ``statistics``; the implementation under test is vectorised over (leaf, edge) pairs.
 """
 

@@ -21,7 +21,7 @@ def test_treegrpo_k3_d3_counts() -> None:
 
 
 def test_treegrpo_paper_nfe_formula_with_window_offset() -> None:
-    # PAPERS.md: NFE per tree = i + sum_{j<w} k^j + k^w (T - i - w)
+    # TreeGRPO (arXiv 2512.08153): NFE per tree = i + sum_{j<w} k^j + k^w (T - i - w)
     T, k, w = 10, 3, 3
     for i in range(T - w):
         spec = TreeSpec(T, branch_steps=tuple(range(i, i + w)), branching=k)

@@ -1,6 +1,6 @@
 """Tests for ``lit_treegrpo.core.steps``: Gaussian denoising transitions and their log-probs.
 
-Three kinds of checks (STYLE.md points 3, 4, 11):
+Three kinds of checks:
 - the log-prob is the mean over non-batch elements of ``Normal(mean, std).log_prob``;
 - means and stds against numbers derived by hand from the formulas in the module docstring;
 - deterministic steps against diffusers' own schedulers (diffusers is imported only here).

@@ -1,4 +1,4 @@
-"""The shipped Shapes model: what its README numbers say, measured on fixed seeds."""
+"""The shipped Shapes model: what docs/shapes.md says of it, measured on fixed seeds."""
 
 from __future__ import annotations
 
