@@ -53,11 +53,11 @@ class TreeGRPOModule(LightningModule):
 
     Args:
         adapter: the model family (``lit_treegrpo.models``): SD15Adapter, SD3Adapter, a tiny one...
-        reward: what scores the decoded images against their prompts: a registered name
-            (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``,
-            ``jpeg_compressibility``, ``jpeg_incompressibility``, ``brightness``, ``shapes``), a
-            mapping name -> weight for a MultiReward (normalised per prompt, then weighted, as
-            TreeGRPO), or a RewardModel.
+        reward: what scores the decoded images (videos) against their prompts: a registered name
+            (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``, ``jpeg_compressibility``,
+            ``jpeg_incompressibility``, ``brightness``, ``shapes``; videos: ``frame_average``,
+            ``temporal_consistency``, ``video_model``), a mapping name -> weight for a MultiReward
+            (normalised per prompt, then weighted, as TreeGRPO), or a RewardModel.
         tree: the rollout tree per prompt (``configs/trees/*.yaml`` hold every method's).
         advantage: advantage estimator settings.
         loss: the clipped policy loss (clip range, advantage clip, KL weight, aggregation).
@@ -114,7 +114,7 @@ class TreeGRPOModule(LightningModule):
                        grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
                        adapter_num_steps=adapter.num_steps)  # fmt: skip
         self.adapter = adapter
-        self.reward = build_rewards(reward, reward_kwargs or {})
+        self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
         self.tree = tree
         self.advantage = advantage
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
