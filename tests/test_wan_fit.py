@@ -64,3 +64,29 @@ def test_tiny_wan_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -
     assert len(losses_full) == 4 and [v for _, v in scalars(part, "loss")] == losses_full
     components = "reward/frame_average/mean"
     assert [v for _, v in scalars(part, components)] == [v for _, v in scalars(full, components)]
+
+
+def test_predict_writes_a_looping_gif_per_video(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lit_treegrpo.predictions import save_predictions
+
+    videos = torch.rand(2, 5, 3, 8, 12, generator=torch.Generator().manual_seed(0))  # [P, F, 3, H, W]
+    paths = save_predictions(videos, ["a red fox", "a cat"], tmp_path, batch_index=3)
+    assert [Path(p).name for p in paths] == ["00003_00_a_red_fox.gif", "00003_01_a_cat.gif"]
+    gif = Image.open(paths[0])
+    assert gif.n_frames == 5 and gif.size == (12, 8) and gif.info["loop"] == 0
+    images = save_predictions(videos[:, 0], ["a red fox", "a cat"], tmp_path, batch_index=4)
+    assert Image.open(images[0]).size == (12, 8) and images[0].endswith(".png")  # images unchanged
+
+
+def test_the_module_refuses_an_image_reward_for_a_video_policy_and_back() -> None:
+    from lit_treegrpo.core import TreeSpec
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+    from lit_treegrpo.models.tiny_wan import TinyWanAdapter
+    from lit_treegrpo.module import TreeGRPOModule
+
+    with pytest.raises(ValueError, match="the adapter makes videos but reward 'brightness' scores images"):
+        TreeGRPOModule(TinyWanAdapter(num_steps=2), "brightness", TreeSpec(2))
+    with pytest.raises(ValueError, match="scores videos but the adapter makes images"):
+        TreeGRPOModule(TinySD3Adapter(num_steps=2), "temporal_consistency", TreeSpec(2))
