@@ -87,6 +87,6 @@ def test_the_module_refuses_an_image_reward_for_a_video_policy_and_back() -> Non
     from lit_treegrpo.module import TreeGRPOModule
 
     with pytest.raises(ValueError, match="the adapter makes videos but reward 'brightness' scores images"):
-        TreeGRPOModule(TinyWanAdapter(num_steps=2), "brightness", TreeSpec(2, sde_steps=(0,)))
+        TreeGRPOModule(TinyWanAdapter(num_steps=2), "brightness", TreeSpec(2, branch_steps=(0,), branching=2))
     with pytest.raises(ValueError, match="scores videos but the adapter makes images"):
-        TreeGRPOModule(TinySD3Adapter(num_steps=2), "temporal_consistency", TreeSpec(2, sde_steps=(0,)))
+        TreeGRPOModule(TinySD3Adapter(num_steps=2), "temporal_consistency", TreeSpec(2, branch_steps=(0,), branching=2))
