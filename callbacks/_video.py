@@ -16,7 +16,10 @@ from torch import Tensor
 
 
 def gif_bytes(frames: Tensor, fps: int) -> bytes:
-    """``frames`` [F, H, W, 3] uint8 -> an animated GIF that loops forever, ``fps`` frames a second."""
+    """``frames`` [F, H, W, 3] uint8 -> an animated GIF that loops forever, ``fps`` frames a second.
+
+    GIF stores frame times in hundredths of a second (so 8 fps plays at 1 / 0.12 s), and PIL merges
+    identical consecutive frames into one longer frame (a static video plays as one image)."""
     from PIL import Image
 
     images = [Image.fromarray(f.numpy()) for f in frames]

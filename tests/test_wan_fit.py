@@ -90,3 +90,21 @@ def test_the_module_refuses_an_image_reward_for_a_video_policy_and_back() -> Non
         TreeGRPOModule(TinyWanAdapter(num_steps=2), "brightness", TreeSpec(2, branch_steps=(0,), branching=2))
     with pytest.raises(ValueError, match="scores videos but the adapter makes images"):
         TreeGRPOModule(TinySD3Adapter(num_steps=2), "temporal_consistency", TreeSpec(2, branch_steps=(0,), branching=2))
+
+
+@pytest.mark.slow  # three runs of two real processes each on 2 cores: minutes
+def test_tiny_wan_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path) -> None:
+    from .test_cli import FSDP2
+
+    common = ("--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--trainer.devices", "2",
+              "--trainer.strategy", FSDP2)  # fmt: skip
+    fit(tmp_path / "full", "--trainer.max_steps", "4", *common, config=TINY_WAN)
+    fit(tmp_path / "part", "--trainer.max_steps", "2", *common, config=TINY_WAN)
+    fit(tmp_path / "part", "--trainer.max_steps", "4", "--ckpt_path", "last", *common, config=TINY_WAN)
+    full = trainable(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    part = trainable(tmp_path / "part" / "checkpoints" / "last.ckpt")
+    assert full and full.keys() == part.keys() and all("lora_" in k for k in full)
+    assert any(v.abs().max() > 0 for k, v in full.items() if "lora_B" in k)  # it trained
+    for k in full:
+        torch.testing.assert_close(part[k], full[k], atol=1e-6, rtol=0)
+    assert [v for _, v in scalars(tmp_path / "part", "loss")] == [v for _, v in scalars(tmp_path / "full", "loss")]

@@ -214,3 +214,19 @@ def test_shard_wraps_every_transformer_block_and_keeps_the_output(tmp_path: Path
     finally:
         dist.destroy_process_group()
     torch.testing.assert_close(after, before, atol=0, rtol=0)
+
+
+def test_bf16_rollout_and_recompute_are_finite_with_float32_lora_masters() -> None:
+    pipe = tiny_wan_pipeline(0).to(torch.bfloat16)
+    adapter = WanAdapter(pipe, **OPTIONS)
+    assert adapter.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())
+    cond = adapter.encode_prompts(PROMPTS)
+    gen = torch.Generator().manual_seed(0)
+    spec = TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1, 2))
+    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
+    assert tree.edge_x_next.dtype == torch.bfloat16 and tree.edge_old_log_prob.dtype == torch.float32
+    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
+    assert bool(torch.isfinite(out.step.log_prob).all() and torch.isfinite(tree.edge_old_log_prob).all())
+    videos = adapter.decode(tree.leaf_latents)
+    assert videos.dtype == torch.float32 and bool(torch.isfinite(videos).all())
