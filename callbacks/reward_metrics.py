@@ -100,7 +100,8 @@ class SampleDiversity(Metric):
         self.add_state("groups", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, images: Tensor, prompts: list[str]) -> None:
-        x = images.detach().float()  # [N, 3, H, W]
+        x = images.detach().float()  # [N, 3, H, W], or videos [N, F, 3, H, W]
+        x = x.reshape(x.shape[0], -1, *x.shape[-2:])  # frames stacked as channels: [N, F * 3, H, W]
         side = max(x.shape[-2:])
         if side > self.max_side:
             x = torch.nn.functional.adaptive_avg_pool2d(x, (self.max_side * x.shape[-2] // side,

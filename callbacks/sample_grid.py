@@ -4,6 +4,12 @@ Rows are prompts, columns are seeds; the same prompts and seeds at every logging
 shows the policy changing and nothing else. Sampling is the module's deterministic ODE sampler
 (``pl_module.sample``), with the EMA weights when an :class:`~lit_treegrpo.callbacks.EMA` callback
 applies to sample grids.
+
+Videos (a policy whose ``sample`` gives [P, F, 3, H, W], e.g. Wan) are logged as an animated GIF of the
+grid, frame by frame, in a TensorBoard image summary (``<tag>/video``; TensorBoard's Images tab plays
+it), written with PIL because ``add_video`` needs moviepy, and as a filmstrip image (``<tag>``: the grid
+at up to ``strip_frames`` evenly spaced frames, left to right); ``save_png`` writes both under
+``samples/`` (``step_*.gif``, ``step_*.png``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ._tensorboard import TensorBoardWriters
+from ._video import add_gif, gif_bytes, strip_frames
 from .ema import EMA
 
 DEFAULT_PROMPTS = ("a red circle", "a blue square", "a green triangle", "a photo of a cat")
@@ -67,6 +74,8 @@ class SampleGridLogger(Callback):
         padding: pixels between and around the images of the grid.
         scale: enlarge every image by this integer factor (nearest neighbour) before tiling, so
             that small images (the Shapes world's 16 px) are legible in TensorBoard.
+        fps: frames per second of the animated GIF of a video grid.
+        strip_frames: frames of a video grid shown side by side in the filmstrip image.
     """
 
     def __init__(
@@ -79,6 +88,8 @@ class SampleGridLogger(Callback):
         save_png: bool = True,
         padding: int = 2,
         scale: int = 1,
+        fps: int = 8,
+        strip_frames: int = 8,
     ) -> None:
         if isinstance(prompts, str):
             raise ValueError(f"SampleGridLogger.prompts must be a list of prompts, got the string {prompts!r}")
@@ -95,6 +106,8 @@ class SampleGridLogger(Callback):
             raise ValueError(f"SampleGridLogger.padding must be >= 0, got {padding}")
         if scale < 1:
             raise ValueError(f"SampleGridLogger.scale must be an integer >= 1, got {scale}")
+        if fps < 1 or strip_frames < 1:
+            raise ValueError(f"SampleGridLogger.fps and strip_frames must be >= 1, got {fps} and {strip_frames}")
         self.prompts = prompts
         self.seeds = [int(s) for s in seeds]
         self.every_n_steps = every_n_steps
@@ -103,6 +116,7 @@ class SampleGridLogger(Callback):
         self.save_png = save_png
         self.padding = padding
         self.scale = int(scale)
+        self.fps, self.strip_frames = int(fps), int(strip_frames)
         self.last_logged: int | None = None  # iteration of the latest grid
         self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
         self._prompts_written = False
@@ -114,22 +128,26 @@ class SampleGridLogger(Callback):
 
     # ------------------------------------------------------------------------ the grid
     def make(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
-        """The grid [3, H', W'] of the current weights (the EMA's if ``ema`` is given)."""
+        """The grid [3, H', W'] of the current weights (the EMA's if ``ema`` is given); for videos,
+        one grid per frame [F, 3, H', W']."""
         context = ema.swapped(pl_module) if ema is not None else contextlib.nullcontext()
         columns = []
         with torch.no_grad(), context:
             for seed in self.seeds:
-                images = pl_module.sample(self.prompts, seed)  # [P, 3, H, W]
-                if images.ndim != 4 or images.shape[:2] != (len(self.prompts), 3):
+                images = pl_module.sample(self.prompts, seed)  # [P, 3, H, W] or videos [P, F, 3, H, W]
+                if images.ndim not in (4, 5) or images.shape[0] != len(self.prompts) or images.shape[-3] != 3:
                     raise ValueError(
                         f"pl_module.sample returned shape {tuple(images.shape)} for {len(self.prompts)} "
-                        "prompts; expected [P, 3, H, W]"
+                        "prompts; expected [P, 3, H, W] or videos [P, F, 3, H, W]"
                     )
                 images = images.detach().float().cpu()
                 if self.scale > 1:
-                    images = images.repeat_interleave(self.scale, dim=2).repeat_interleave(self.scale, dim=3)
+                    images = images.repeat_interleave(self.scale, dim=-2).repeat_interleave(self.scale, dim=-1)
                 columns.append(images)
-        return make_grid(torch.stack(columns, dim=1), padding=self.padding)  # rows: prompts
+        cells = torch.stack(columns, dim=1)  # rows: prompts, columns: seeds [P, S, (F,) 3, H, W]
+        if cells.ndim == 5:
+            return make_grid(cells, padding=self.padding)
+        return torch.stack([make_grid(cells[:, :, f], padding=self.padding) for f in range(cells.shape[2])])
 
     def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         iteration = pl_module.iteration
@@ -137,6 +155,9 @@ class SampleGridLogger(Callback):
         self.last_logged = iteration
         if not trainer.is_global_zero:
             return
+        frames = torch.stack([to_uint8_hwc(f) for f in grid]) if grid.ndim == 4 else None  # [F, H', W', 3]
+        if frames is not None:  # a video: its filmstrip is the image
+            grid = make_grid(grid[strip_frames(len(grid), self.strip_frames)][None], padding=self.padding)
         pixels = to_uint8_hwc(grid)  # quantised once: TensorBoard and the PNG hold the same bytes
         for writer in self._writers(trainer):
             if not self._prompts_written:
@@ -144,6 +165,8 @@ class SampleGridLogger(Callback):
                 text = f"columns: seeds {self.seeds}\n\n| row | prompt |\n|---|---|\n{rows}"
                 writer.add_text(f"{self.tag}/prompts", text, global_step=iteration)
             writer.add_image(self.tag, pixels, global_step=iteration, dataformats="HWC")
+            if frames is not None:
+                add_gif(writer, f"{self.tag}/video", frames, iteration, self.fps)
             writer.flush()
         self._prompts_written = True
         if self.save_png:
@@ -152,6 +175,8 @@ class SampleGridLogger(Callback):
             folder = Path(trainer.default_root_dir) / "samples"
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(pixels.numpy()).save(folder / f"step_{iteration:06d}.png")
+            if frames is not None:
+                (folder / f"step_{iteration:06d}.gif").write_bytes(gif_bytes(frames, self.fps))
 
     # ------------------------------------------------------------------------ hooks
     @override

@@ -52,11 +52,11 @@ class TreeGRPOModule(LightningModule):
 
     Args:
         adapter: the model family (``lit_treegrpo.models``): SD15Adapter, SD3Adapter, a tiny one...
-        reward: what scores the decoded images against their prompts: a registered name
-            (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``,
-            ``jpeg_compressibility``, ``jpeg_incompressibility``, ``brightness``, ``shapes``), a
-            mapping name -> weight for a MultiReward (normalised per prompt, then weighted, as
-            TreeGRPO), or a RewardModel.
+        reward: what scores the decoded images (videos) against their prompts: a registered name
+            (``hps``, ``image_reward``, ``pickscore``, ``clip_score``, ``aesthetic``, ``jpeg_compressibility``,
+            ``jpeg_incompressibility``, ``brightness``, ``shapes``; videos: ``frame_average``,
+            ``temporal_consistency``, ``video_model``), a mapping name -> weight for a MultiReward
+            (normalised per prompt, then weighted, as TreeGRPO), or a RewardModel.
         tree: the rollout tree per prompt and how its roots share noise (``configs/trees/*.yaml``
             hold every method's).
         rollout: how a rollout runs within memory (nodes per model call, a cap on leaves); a
@@ -116,7 +116,7 @@ class TreeGRPOModule(LightningModule):
                        grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
                        adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
         self.adapter = adapter
-        self.reward = build_rewards(reward, reward_kwargs or {})
+        self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
         self.tree = tree
         self.rollout_limits = rollout
         self.advantage = advantage

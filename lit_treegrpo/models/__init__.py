@@ -2,6 +2,7 @@
 
 - :class:`SD15Adapter`: SD 1.x / 2.x UNet + DDIM (DDPO's policy).
 - :class:`SD3Adapter`: SD3 / SD3.5 transformer + rectified-flow SDE (Flow-GRPO's policy).
+- :class:`WanAdapter`: Wan2.1 text-to-video transformer + rectified-flow SDE on video latents.
 - :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
 - :mod:`.lora`: peft LoRA attach / export in the diffusers format.
 """
@@ -10,5 +11,6 @@ from .base import DiffusionAdapter
 from .lora import LoraSettings
 from .sd3 import SD3Adapter
 from .sd15 import SD15Adapter
+from .wan import WanAdapter
 
 __all__ = ["DiffusionAdapter", "LoraSettings", "SD15Adapter", "SD3Adapter"]

@@ -28,6 +28,14 @@ from lit_treegrpo.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from lit_treegrpo.rewards.pickscore import PickScore
 from lit_treegrpo.rewards.pixel import Brightness
 from lit_treegrpo.rewards.shapes import ShapesAnalysis, ShapesReward
+from lit_treegrpo.rewards.video import (
+    FrameAverage,
+    TemporalConsistency,
+    VideoModelReward,
+    VideoMultiReward,
+    VideoRewardModel,
+    is_video_reward,
+)
 
 #: name -> loader; what a config's ``reward:`` may say
 REWARDS: dict[str, Callable[..., RewardModel]] = {
@@ -40,6 +48,10 @@ REWARDS: dict[str, Callable[..., RewardModel]] = {
     "jpeg_incompressibility": JpegIncompressibility,
     "brightness": Brightness,
     "shapes": ShapesReward,
+    # video rewards (videos [B, F, 3, H, W]; lit_treegrpo.rewards.video)
+    "frame_average": FrameAverage,
+    "temporal_consistency": TemporalConsistency,
+    "video_model": VideoModelReward,
 }
 
 
@@ -92,20 +104,41 @@ def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[s
     return names
 
 
-def build_rewards(reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]]) -> RewardModel:
+def build_rewards(
+    reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]], *, video: bool = False
+) -> RewardModel:
     """A RewardModel from a name (``kwargs[name]`` its loader's arguments), a name -> weight
-    mapping (a :class:`MultiReward`), or a ready model (validated before anything loads)."""
+    mapping (a :class:`MultiReward`, or a :class:`VideoMultiReward` of video rewards), or a ready
+    model (validated before anything loads). ``video``: the policy makes videos, so the reward must
+    score videos (and an image-making policy, images)."""
     names = check_reward_names(reward, kwargs)
     if isinstance(reward, str):
-        return build_reward(reward, **kwargs.get(reward, {}))
-    if isinstance(reward, dict):
+        built = build_reward(reward, **kwargs.get(reward, {}))
+    elif isinstance(reward, dict):
         models = {name: build_reward(name, **kwargs.get(name, {})) for name in names}
-        return MultiReward(models, weights=dict(reward))
-    if not isinstance(reward, RewardModel):
+        kinds = {is_video_reward(m) for m in models.values()}
+        if len(kinds) > 1:
+            raise ValueError(f"reward {reward} mixes image and video rewards; wrap the image rewards in frame_average")
+        built = (VideoMultiReward if kinds == {True} else MultiReward)(models, weights=dict(reward))
+    elif not isinstance(reward, RewardModel):
         raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
-    if kwargs:
+    elif kwargs:
         raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
-    return reward
+    else:
+        built = reward
+    check_reward_kind(built, video)
+    return built
+
+
+def check_reward_kind(reward: RewardModel, video: bool) -> None:
+    """Refuse an image reward for a video policy and a video reward for an image policy."""
+    if video and not is_video_reward(reward):
+        raise ValueError(
+            f"the adapter makes videos but reward {reward.name!r} scores images; use a video reward "
+            f"(frame_average with reward_kwargs.frame_average.image: {reward.name}, temporal_consistency, video_model)"
+        )
+    if not video and is_video_reward(reward):
+        raise ValueError(f"reward {reward.name!r} scores videos but the adapter makes images; use an image reward")
 
 
 __all__ = [
@@ -114,6 +147,7 @@ __all__ = [
     "Aesthetic",
     "Brightness",
     "CLIPScore",
+    "FrameAverage",
     "HPSv2",
     "ImageReward",
     "JpegCompressibility",
@@ -126,8 +160,14 @@ __all__ = [
     "RewardScores",
     "ShapesAnalysis",
     "ShapesReward",
+    "TemporalConsistency",
+    "VideoModelReward",
+    "VideoMultiReward",
+    "VideoRewardModel",
     "build_reward",
     "build_rewards",
     "check_reward_available",
+    "check_reward_kind",
+    "is_video_reward",
     "check_reward_names",
 ]

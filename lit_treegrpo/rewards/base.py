@@ -265,6 +265,10 @@ class RewardModel(nn.Module):
         """Rewards stay in eval mode (dropout off) whatever the parent module does."""
         return super().train(False)
 
+    def check(self, images: Tensor, prompts: Sequence[str]) -> None:
+        """Validate a batch before scoring (images [B, 3, H, W]; video rewards check videos)."""
+        check_inputs(images, prompts, self.name)
+
     def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:
         """Scores [B] of validated ``images`` [B, 3, H, W] in [0, 1]; called under ``no_grad``."""
         raise NotImplementedError(f"{type(self).__name__} must implement score_batch")
@@ -293,7 +297,7 @@ class RewardModel(nn.Module):
             TypeError, ValueError: malformed images or prompts (shape, dtype, range, count).
             NonFiniteRewardError: NaN / inf scores, naming the reward, the indices and prompts.
         """
-        check_inputs(images, prompts, self.name)
+        self.check(images, prompts)
         scores = self.raw_scores(images, prompts)  # [B]
         check_finite(scores, self.name, prompts)
         return scores
@@ -307,7 +311,7 @@ class RewardModel(nn.Module):
         """
         if check:
             return RewardScores(self(images, prompts), {})
-        check_inputs(images, prompts, self.name)
+        self.check(images, prompts)
         return RewardScores(self.raw_scores(images, prompts), {})
 
     def param_dtype(self) -> torch.dtype:
@@ -400,7 +404,7 @@ class MultiReward(RewardModel):
         ``check=False`` as in :meth:`RewardModel.score`. Normalisation is per prompt, so a
         non-finite score spoils only its own prompt.
         """
-        check_inputs(images, prompts, self.name)
+        self.check(images, prompts)
         components: dict[str, Tensor] = {}
         for key, reward in self.rewards.items():
             s = reward.raw_scores(images, prompts)  # [B]; the inputs were validated once, above

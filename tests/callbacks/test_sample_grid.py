@@ -73,3 +73,29 @@ def test_without_tensorboard_warns_once_and_still_writes_pngs(tmp_path) -> None:
         "step_000001.png",
         "step_000002.png",
     ]
+
+
+def test_a_video_grid_is_one_grid_per_frame_and_a_gif_round_trips() -> None:
+    import io
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from lit_treegrpo.callbacks._video import gif_bytes, strip_frames
+
+    def sample(prompts: list[str], seed: int) -> torch.Tensor:  # video [P, F=4, 3, H=2, W=3]: (10 p + seed + 2 f) / 40
+        p = torch.arange(len(prompts), dtype=torch.float32)[:, None]
+        f = torch.arange(4, dtype=torch.float32)[None, :]
+        return ((10 * p + seed + 2 * f) / 40)[:, :, None, None, None].expand(len(prompts), 4, 3, 2, 3)
+
+    cb = SampleGridLogger(prompts=["a", "b"], seeds=[0, 1], padding=1, scale=2)
+    grid = cb.make(SimpleNamespace(sample=sample))
+    assert grid.shape == (4, 3, 2 * 4 + 3, 2 * 6 + 3)  # [F, 3, rows * 2H + pads, cols * 2W + pads]
+    for f in range(4):  # row 1 (prompt b), column 1 (seed 1), frame f
+        assert torch.allclose(grid[f, :, 1 + 4 + 1, 1 + 6 + 1], torch.tensor((10 + 1 + 2 * f) / 40))
+    assert strip_frames(9, 4) == [0, 3, 5, 8] and strip_frames(3, 8) == [0, 1, 2]
+    frames = (grid.permute(0, 2, 3, 1) * 255).round().to(torch.uint8)  # [F, H, W, 3]
+    gif = Image.open(io.BytesIO(gif_bytes(frames, fps=10)))
+    assert gif.n_frames == 4 and gif.size == (15, 11) and gif.info["duration"] == 100
+    with pytest.raises(ValueError, match="fps and strip_frames"):
+        SampleGridLogger(fps=0)
