@@ -11,9 +11,8 @@ root noise and SDE noise come from its own generator, so a resumed run continues
 data-parallel run samples what one process with the same global batch samples.
 
 Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
-or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks.
-Before the first batch is drawn, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
-cannot fit in memory.
+or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks. Before
+the first batch, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from .prompt_stream import PromptBatch
 from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
-from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
+from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
 
 _MIX = 1_000_003  # odd multiplier mixing (seed, iteration, position) into one generator seed
 
@@ -271,7 +270,7 @@ class TreeGRPOModule(LightningModule):
                   num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
         metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
         self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
-        self.log_dict(metrics.logged, batch_size=num_prompts)
+        self.log_dict({**metrics.logged, "optimizer_steps": float(self.trainer.global_step)}, batch_size=num_prompts)
 
     def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
         """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
@@ -396,6 +395,7 @@ class TreeGRPOModule(LightningModule):
         prompts = list(batch.prompts) * self.val_samples
         rewards, components = self._score(images, prompts)
         self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
         return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
