@@ -9,6 +9,12 @@
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
   validation, synchronised across ranks; best / worst prompts; within-prompt image diversity.
 
+- :class:`ProgressLines`: plain progress lines (iteration, reward, held-out reward, s/it, ETA) for a
+  log file; the CLI uses it instead of the bar when stdout is not a terminal.
+  :class:`CompactModelSummary`: the start-up parameter counts without Lightning's always-zero FLOPs.
+- :class:`IterationLimit`: stop a fit after N training iterations (``--max_iterations``);
+  :func:`run_iterations` is the run length in iterations for the callbacks that need it.
+
 - :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops a fit after the step in flight
   and writes ``last.ckpt``; validate / test / predict stop before their next batch and write
   nothing (the CLI adds it to every trainer).
@@ -20,8 +26,11 @@ always import it as ``lit_treegrpo.callbacks``.
 
 from .ema import EMA
 from .interrupt import CheckpointOnInterrupt
+from .iterations import IterationLimit, run_iterations
+from .progress import CompactModelSummary, ProgressLines
 from .pruning import PruningSchedule
 from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
 from .sample_grid import SampleGridLogger, make_grid
 
-__all__ = ["EMA", "CheckpointOnInterrupt", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "make_grid"]
+__all__ = ["EMA", "CheckpointOnInterrupt", "CompactModelSummary", "IterationLimit", "ProgressLines", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "make_grid",
+           "run_iterations"]

@@ -28,6 +28,8 @@ from typing_extensions import override
 
 from lit_treegrpo.core.pruning import DepthMode, PruningConfig, WidthPruning
 
+from .iterations import run_iterations
+
 Direction = Literal["deeper", "shallower"]
 
 
@@ -54,7 +56,9 @@ class PruningSchedule(Callback):
 
     Width pruning: ``width`` is in force for the first ``ceil(width_fraction * max_steps)`` training
     steps (iterations ``0 .. ceil(width_fraction * max_steps) - 1``), ``"none"`` afterwards; with
-    ``width_fraction = 1`` it is always on and the run length is not needed.
+    ``width_fraction = 1`` it is always on and the run length is not needed. ``max_steps`` is the
+    run's length in iterations: ``--max_iterations`` when given, else ``trainer.max_steps``
+    (:func:`~lit_treegrpo.callbacks.run_iterations`).
 
     Depth pruning: the edges with depth (recorded ancestors) in ``[lo, lo + depth_window)`` are left
     out of training (``depth_mode="drop"``) or are the only ones trained (``"keep"``), where
@@ -166,7 +170,7 @@ class PruningSchedule(Callback):
         if max_steps is None or max_steps < 0:
             raise ValueError(
                 f"PruningSchedule.width_fraction={o.width_fraction} needs the run length: set "
-                "trainer.max_steps (it is unset / -1), or use width_fraction=1.0"
+                "trainer.max_steps or --max_iterations (both unset / -1), or use width_fraction=1.0"
             )
         # the tolerance keeps 0.07 * 100 = 7.000000000000001 at 7 steps
         return math.ceil(o.width_fraction * max_steps - 1e-9)
@@ -217,7 +221,7 @@ class PruningSchedule(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.width_steps(trainer.max_steps)  # fail before the first step, naming the option
+            self.width_steps(run_iterations(trainer))  # fail before the first step, naming the option
 
     @override
     def on_train_batch_start(
@@ -227,7 +231,8 @@ class PruningSchedule(Callback):
         if self.options.step_fraction < 1.0:  # the steps to draw from: this iteration's tree
             spec = pl_module.tree.at(pl_module.iteration)
             stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
-        pl_module.pruning = self.config_at(pl_module.iteration, trainer.max_steps, stochastic)
+        # the run length in iterations: --max_iterations, else max_steps (as before that option)
+        pl_module.pruning = self.config_at(pl_module.iteration, run_iterations(trainer), stochastic)
 
     # ------------------------------------------------------------------------ resume
     @override

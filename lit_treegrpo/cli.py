@@ -37,7 +37,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
 from lightning.fabric.plugins.io import CheckpointIO
@@ -63,6 +63,14 @@ from .cli_errors import (
 from .data import PromptDataModule
 from .errors import explain_os_error
 from .module import TreeGRPOModule
+from .run_output import (
+    MAX_ITERATIONS_HELP,
+    MAX_STEPS_HELP,
+    compact_summary,
+    iteration_limit,
+    output_callbacks,
+    quiet_startup,
+)
 from .run_folder import (
     RunConfigRecord,
     RunFolderError,
@@ -86,6 +94,7 @@ class TreeGRPOCLI(LightningCLI):
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
         self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
+        self._max_iterations: int | None = None  # fit's --max_iterations
         try:
             super().__init__(
                 TreeGRPOModule,
@@ -146,12 +155,21 @@ class TreeGRPOCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
+        # every command accepts it, so that one config file serves fit and validate alike
+        parser.add_argument("--max_iterations", type=Optional[int], default=None, help=MAX_ITERATIONS_HELP)
+        for action in parser._actions:
+            if action.dest == "trainer.max_steps":
+                action.help = MAX_STEPS_HELP
 
     def before_instantiate_classes(self) -> None:
         """Checks that need no model, made before any weights load (minutes for SD3.5); then a
         fit takes its run folder (:meth:`_take_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_config(config)
+        limit = config.get("max_iterations")
+        if limit is not None and limit < 1:
+            raise UserError(f"--max_iterations must be >= 1, got {limit}; or leave it out to stop at --trainer.max_steps")
+        self._max_iterations = limit if self.subcommand == "fit" else None
         # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
         owner = self.subcommand == "fit" and launch_rank() == 0
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
@@ -238,7 +256,10 @@ class TreeGRPOCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super()._instantiate_trainer(config, callbacks)
+        callbacks = iteration_limit(config, output_callbacks(config, callbacks, everything), self._max_iterations)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        compact_summary(trainer, everything)
+        return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; a SIGTERM during validate / test / predict ends in :class:`CommandInterrupted`
@@ -291,6 +312,7 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    quiet_startup()
 
 
 def main(args: list[str] | None = None) -> None:
