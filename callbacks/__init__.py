@@ -5,7 +5,9 @@
 - :class:`EMA`: moving average of the trainable (LoRA) parameters only, swapped in for validation
   and sample grids.
 - :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
-  every N steps (and a PNG).
+  every N steps (and a PNG), captioned with the prompts and each image's reward.
+- :class:`TreeView`: one fixed prompt's rollout tree (leaves by branch, rewards, advantages, pruned
+  edges) drawn every N steps, to TensorBoard and ``samples/tree_*.png``.
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
   validation, synchronised across ranks; best / worst prompts; within-prompt image diversity.
 
@@ -31,6 +33,7 @@ from .progress import CompactModelSummary, ProgressLines
 from .pruning import PruningSchedule
 from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
 from .sample_grid import SampleGridLogger, make_grid
+from .tree_view import TreeView
 
-__all__ = ["EMA", "CheckpointOnInterrupt", "CompactModelSummary", "IterationLimit", "ProgressLines", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "make_grid",
+__all__ = ["EMA", "CheckpointOnInterrupt", "CompactModelSummary", "IterationLimit", "ProgressLines", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "TreeView", "make_grid",
            "run_iterations"]

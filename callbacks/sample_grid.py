@@ -3,7 +3,9 @@
 Rows are prompts, columns are seeds; the same prompts and seeds at every logging step, so the grid
 shows the policy changing and nothing else. Sampling is the module's deterministic ODE sampler
 (``pl_module.sample``), with the EMA weights when an :class:`~lit_treegrpo.callbacks.EMA` callback
-applies to sample grids.
+applies to sample grids. With ``captions`` (the default) the logged image carries its prompts (one
+per row), its seeds (one per column) and each image's reward (``pl_module.reward``), drawn with
+PIL's bitmap font.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
 from ._tensorboard import TensorBoardWriters
+from .drawing import captioned_grid
 from .ema import EMA
 
 DEFAULT_PROMPTS = ("a red circle", "a blue square", "a green triangle", "a photo of a cat")
@@ -67,6 +71,8 @@ class SampleGridLogger(Callback):
         padding: pixels between and around the images of the grid.
         scale: enlarge every image by this integer factor (nearest neighbour) before tiling, so
             that small images (the Shapes world's 16 px) are legible in TensorBoard.
+        captions: draw the prompt left of each row, the seed above each column, the iteration on
+            top and, when the module has a ``reward``, each image's reward under it.
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class SampleGridLogger(Callback):
         save_png: bool = True,
         padding: int = 2,
         scale: int = 1,
+        captions: bool = True,
     ) -> None:
         if isinstance(prompts, str):
             raise ValueError(f"SampleGridLogger.prompts must be a list of prompts, got the string {prompts!r}")
@@ -103,6 +110,7 @@ class SampleGridLogger(Callback):
         self.save_png = save_png
         self.padding = padding
         self.scale = int(scale)
+        self.captions = captions
         self.last_logged: int | None = None  # iteration of the latest grid
         self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
         self._prompts_written = False
@@ -115,6 +123,10 @@ class SampleGridLogger(Callback):
     # ------------------------------------------------------------------------ the grid
     def make(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
         """The grid [3, H', W'] of the current weights (the EMA's if ``ema`` is given)."""
+        return make_grid(self.cells(pl_module, ema), padding=self.padding)
+
+    def cells(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
+        """The images [P, S, 3, H, W] of the grid (prompts x seeds, enlarged by ``scale``)."""
         context = ema.swapped(pl_module) if ema is not None else contextlib.nullcontext()
         columns = []
         with torch.no_grad(), context:
@@ -129,15 +141,32 @@ class SampleGridLogger(Callback):
                 if self.scale > 1:
                     images = images.repeat_interleave(self.scale, dim=2).repeat_interleave(self.scale, dim=3)
                 columns.append(images)
-        return make_grid(torch.stack(columns, dim=1), padding=self.padding)  # rows: prompts
+        return torch.stack(columns, dim=1)  # rows: prompts
+
+    def captioned(self, pl_module: pl.LightningModule, cells: Tensor, iteration: int) -> Any:
+        """The captioned grid (a PIL image) of ``cells`` [P, S, 3, H, W]."""
+        reward = getattr(pl_module, "reward", None)
+        rewards = None
+        if reward is not None and hasattr(reward, "score"):
+            P, S = cells.shape[:2]
+            full = cells[:, :, :, :: self.scale, :: self.scale].flatten(0, 1)  # [P*S, 3, H, W] unscaled
+            with torch.no_grad():
+                scores = reward.score(full.to(pl_module.device), [p for p in self.prompts for _ in range(S)], check=False)
+            rewards = scores.total.float().cpu().view(P, S)
+        labels = [f"seed {s}" for s in self.seeds]
+        title = f"iteration {iteration}" + ("   (reward under each image)" if rewards is not None else "")
+        return captioned_grid(cells, self.prompts, labels, rewards, padding=max(self.padding, 2), title=title)
 
     def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         iteration = pl_module.iteration
-        grid = self.make(pl_module, _ema_for_grids(trainer))
+        cells = self.cells(pl_module, _ema_for_grids(trainer))
         self.last_logged = iteration
         if not trainer.is_global_zero:
             return
-        pixels = to_uint8_hwc(grid)  # quantised once: TensorBoard and the PNG hold the same bytes
+        if self.captions:
+            pixels = torch.from_numpy(np.asarray(self.captioned(pl_module, cells, iteration)).copy())  # [H, W, 3]
+        else:  # quantised once: TensorBoard and the PNG hold the same bytes
+            pixels = to_uint8_hwc(make_grid(cells, padding=self.padding))
         for writer in self._writers(trainer):
             if not self._prompts_written:
                 rows = "\n".join(f"| {r} | {_cell(p)} |" for r, p in enumerate(self.prompts))
