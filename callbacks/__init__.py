@@ -3,7 +3,7 @@
 - :class:`PruningSchedule`: BranchGRPO's width pruning for a fraction of training and sliding
   depth window; sets ``pl_module.pruning`` before every step, a pure function of the iteration.
 - :class:`EMA`: moving average of the trainable (LoRA) parameters only, swapped in for validation
-  and sample grids.
+  (and test / predict from a checkpoint) and sample grids.
 - :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
   every N steps (and a PNG), captioned with the prompts and each image's reward.
 - :class:`TreeView`: one fixed prompt's rollout tree (leaves by branch, rewards, advantages, pruned
@@ -14,6 +14,8 @@
 - :class:`ProgressLines`: plain progress lines (iteration, reward, held-out reward, s/it, ETA) for a
   log file; the CLI uses it instead of the bar when stdout is not a terminal.
   :class:`CompactModelSummary`: the start-up parameter counts without Lightning's always-zero FLOPs.
+- :class:`ExportOnTrainEnd`: the ``export`` command's output (LoRA or merged weights, EMA, card)
+  written when a fit ends.
 - :class:`IterationLimit`: stop a fit after N training iterations (``--max_iterations``);
   :func:`run_iterations` is the run length in iterations for the callbacks that need it.
 
@@ -27,6 +29,7 @@ always import it as ``lit_treegrpo.callbacks``.
 """
 
 from .ema import EMA
+from .export import ExportOnTrainEnd
 from .interrupt import CheckpointOnInterrupt
 from .iterations import IterationLimit, run_iterations
 from .progress import CompactModelSummary, ProgressLines
@@ -35,5 +38,19 @@ from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
 from .sample_grid import SampleGridLogger, make_grid
 from .tree_view import TreeView
 
-__all__ = ["EMA", "CheckpointOnInterrupt", "CompactModelSummary", "IterationLimit", "ProgressLines", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "TreeView", "make_grid",
-           "run_iterations"]
+__all__ = [
+    "EMA",
+    "CheckpointOnInterrupt",
+    "CompactModelSummary",
+    "ExportOnTrainEnd",
+    "IterationLimit",
+    "ProgressLines",
+    "PruningSchedule",
+    "RewardMetrics",
+    "RewardStats",
+    "SampleDiversity",
+    "SampleGridLogger",
+    "TreeView",
+    "make_grid",
+    "run_iterations",
+]
