@@ -193,14 +193,53 @@ def test_validate_from_a_checkpoint_uses_its_ema_weights(tiny_run: Path, tmp_pat
     assert raw != pytest.approx(fitted, abs=1e-6)  # decay 0.5: the average lags the weights
 
 
-@pytest.mark.slow  # a fit of its own (8 s); the fixture's run checks the limit too
-def test_max_iterations_counts_training_iterations(tmp_path: Path) -> None:
-    import lightning.pytorch as pl
-
+@pytest.mark.slow  # a fit of its own (8 s)
+def test_the_views_and_the_axis_leave_training_unchanged(tiny_run: Path, tmp_path: Path) -> None:
     from lit_treegrpo.cli import TreeGRPOCLI
 
-    pl.seed_everything(0)
-    cli = TreeGRPOCLI(args=["fit", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path), "--max_iterations", "3",
-                            "--model.minibatches", "2", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar",
-                            "false", "--trainer.enable_model_summary", "false", "--trainer.callbacks", "[]"])  # fmt: skip
-    assert cli.model.iteration == 3 and cli.trainer.global_step == 6  # max_steps: 30 of the config does not apply
+    # the same run without EMA, grids, tree views, validation or progress lines
+    cli = TreeGRPOCLI(args=["fit", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path), *RUN,
+                            "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+                            "--trainer.callbacks", "[]"])  # fmt: skip
+    assert cli.model.iteration == 4 and cli.trainer.global_step == 8  # --max_iterations, not the config's max_steps: 30
+    plain = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    viewed = torch.load(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert plain.keys() == viewed.keys()
+    for name in plain:
+        assert torch.equal(plain[name], viewed[name]), name
+
+
+@pytest.mark.slow  # a Shapes fit and three model loads (~20 s)
+def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> None:
+    from diffusers import SD3Transformer2DModel
+
+    from lit_treegrpo.cli import TreeGRPOCLI
+    from lit_treegrpo.export import restore
+    from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
+
+    base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]
+    _main("fit", *base, "--max_iterations", "1", "--data.batch_size", "1", "--trainer.limit_val_batches", "0",
+          "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")  # fmt: skip
+    _main("export", *base, "--out", str(tmp_path / "lora"))
+    _main("export", *base, "--out", str(tmp_path / "full"), "--merged", "true")
+    assert json.loads((tmp_path / "full" / "export.json").read_text())["weights"] == "full denoiser (LoRA merged)"
+
+    cli = TreeGRPOCLI(args=[*base, "--trainer.logger", "false"], run=False)
+    restore(cli.model, torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False))
+    adapter = cli.model.adapter
+    cond = adapter.encode_prompts(["a red circle on the left"])
+    x = adapter.initial_noise(2, torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        trained = adapter.predict(x, 3, cond)
+        fresh = ShapesAdapter(pretrained=str(tmp_path / "full"), num_steps=10)  # the merged export, as a base
+        merged = fresh.predict(x, 3, fresh.encode_prompts(["a red circle on the left"]))
+        transformer = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
+        transformer.load_lora_adapter(str(tmp_path / "lora"), prefix=None)
+        adapter.denoiser, own = transformer, adapter.denoiser
+        loaded = adapter.predict(x, 3, cond)
+        adapter.denoiser = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
+        untrained = adapter.predict(x, 3, cond)
+        adapter.denoiser = own
+    assert not torch.allclose(untrained, trained, atol=1e-5)  # one iteration moved the LoRA
+    torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-4)
