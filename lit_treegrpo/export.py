@@ -3,8 +3,9 @@
 ``python -m lit_treegrpo export --config FILE --ckpt_path last|PATH --out DIR [--merged true] [--ema true]``
 (or the :class:`~lit_treegrpo.callbacks.ExportOnTrainEnd` callback at the end of a fit) writes::
 
-    DIR/pytorch_lora_weights.safetensors   the LoRA: pipe.load_lora_weights(DIR) reads it
-                                           (Shapes: SD3Transformer2DModel.load_lora_adapter)
+    DIR/pytorch_lora_weights.safetensors   the LoRA: pipe.load_lora_weights(DIR) reads it (Shapes:
+                                           SD3Transformer2DModel.load_lora_adapter(DIR, prefix=None,
+                                           weight_name="pytorch_lora_weights.safetensors"))
     DIR/transformer/ or DIR/unet/          --merged (or a run without LoRA): the full denoiser,
                                            LoRA merged in (from_pretrained(DIR, subfolder=...));
                                            for the Shapes model a whole model folder that
@@ -159,7 +160,7 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
         if lora:
             return ("from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
                     f"transformer = SD3Transformer2DModel.from_pretrained({base!r}, subfolder='transformer')\n"
-                    "transformer.load_lora_adapter(DIR, prefix=None)")  # fmt: skip
+                    "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')")  # fmt: skip
         return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
     pipeline = type(getattr(adapter, "pipeline", None)).__name__
     # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline

@@ -234,7 +234,7 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
         fresh = ShapesAdapter(pretrained=str(tmp_path / "full"), num_steps=10)  # the merged export, as a base
         merged = fresh.predict(x, 3, fresh.encode_prompts(["a red circle on the left"]))
         transformer = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
-        transformer.load_lora_adapter(str(tmp_path / "lora"), prefix=None)
+        transformer.load_lora_adapter(str(tmp_path / "lora"), prefix=None, weight_name="pytorch_lora_weights.safetensors")
         adapter.denoiser, own = transformer, adapter.denoiser
         loaded = adapter.predict(x, 3, cond)
         adapter.denoiser = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
