@@ -158,19 +158,26 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
     """A Python snippet that loads the export."""
     if _is_shapes(adapter):
         if lora:
+            from .models.shapes import BUILTIN
+
+            folder = "str(builtin_folder())" if base == BUILTIN else repr(base)
             return ("from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
-                    f"transformer = SD3Transformer2DModel.from_pretrained({base!r}, subfolder='transformer')\n"
+                    + ("from lit_treegrpo.models.shapes import builtin_folder\n" if base == BUILTIN else "")
+                    + f"transformer = SD3Transformer2DModel.from_pretrained({folder}, subfolder='transformer')\n"
                     "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')")  # fmt: skip
         return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
     pipeline = type(getattr(adapter, "pipeline", None)).__name__
     # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline
-    load_base = f"{pipeline}.from_pretrained({base!r})" if not base.endswith(")") else f"{base}.pipeline"
+    if base.endswith(")"):
+        cls = type(adapter)
+        load_base = f"from {cls.__module__} import {cls.__name__}\npipe = {base}.pipeline"
+    else:
+        load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
     if lora:
-        return f"from diffusers import {pipeline}\npipe = {load_base}\npipe.load_lora_weights(DIR)"
+        return f"{load_base}\npipe.load_lora_weights(DIR)"
     sub = getattr(adapter, "lora_layers_arg", "transformer")
     model = type(adapter.denoiser).__name__
-    return (f"from diffusers import {model}, {pipeline}\npipe = {load_base}\n"
-            f"pipe.{sub} = {model}.from_pretrained(DIR, subfolder={sub!r})")  # fmt: skip
+    return f"{load_base}\nfrom diffusers import {model}\npipe.{sub} = {model}.from_pretrained(DIR, subfolder={sub!r})"
 
 
 def _card_text(card: Mapping[str, Any]) -> str:
