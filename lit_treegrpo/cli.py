@@ -1,4 +1,4 @@
-"""The command line: ``python -m lit_treegrpo {fit,validate,test,predict} --config FILE``.
+"""The command line: ``python -m lit_treegrpo {fit,validate,test,predict,export} --config FILE``.
 
 LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with three project rules:
 
@@ -29,6 +29,11 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
   ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
   status 2 (:mod:`lit_treegrpo.cli_errors`). Anything else is a bug and keeps its traceback.
+- ``export`` writes a checkpoint's trained weights in the family's diffusers format with a card
+  (:mod:`lit_treegrpo.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
+  weights when its run had an EMA (``--raw_weights true``: the training weights).
+- Output and length (:mod:`lit_treegrpo.run_output`): progress lines instead of the bar when stdout
+  is not a terminal, a quiet start-up, ``--max_iterations`` in training iterations.
 """
 
 from __future__ import annotations
