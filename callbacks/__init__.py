@@ -3,11 +3,21 @@
 - :class:`PruningSchedule`: BranchGRPO's width pruning for a fraction of training and sliding
   depth window; sets ``pl_module.pruning`` before every step, a pure function of the iteration.
 - :class:`EMA`: moving average of the trainable (LoRA) parameters only, swapped in for validation
-  and sample grids.
+  (and test / predict from a checkpoint) and sample grids.
 - :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
-  every N steps (and a PNG).
+  every N steps (and a PNG), captioned with the prompts and each image's reward.
+- :class:`TreeView`: one fixed prompt's rollout tree (leaves by branch, rewards, advantages, pruned
+  edges) drawn every N steps, to TensorBoard and ``samples/tree_*.png``.
 - :class:`RewardMetrics`: reward mean / std / max / min and per component, per step, epoch and
   validation, synchronised across ranks; best / worst prompts; within-prompt image diversity.
+
+- :class:`ProgressLines`: plain progress lines (iteration, reward, held-out reward, s/it, ETA) for a
+  log file; the CLI uses it instead of the bar when stdout is not a terminal.
+  :class:`CompactModelSummary`: the start-up parameter counts without Lightning's always-zero FLOPs.
+- :class:`ExportOnTrainEnd`: the ``export`` command's output (LoRA or merged weights, EMA, card)
+  written when a fit ends.
+- :class:`IterationLimit`: stop a fit after N training iterations (``--max_iterations``);
+  :func:`run_iterations` is the run length in iterations for the callbacks that need it.
 
 - :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops a fit after the step in flight
   and writes ``last.ckpt``; validate / test / predict stop before their next batch and write
@@ -19,9 +29,28 @@ always import it as ``lit_treegrpo.callbacks``.
 """
 
 from .ema import EMA
+from .export import ExportOnTrainEnd
 from .interrupt import CheckpointOnInterrupt
+from .iterations import IterationLimit, run_iterations
+from .progress import CompactModelSummary, ProgressLines
 from .pruning import PruningSchedule
 from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
 from .sample_grid import SampleGridLogger, make_grid
+from .tree_view import TreeView
 
-__all__ = ["EMA", "CheckpointOnInterrupt", "PruningSchedule", "RewardMetrics", "RewardStats", "SampleDiversity", "SampleGridLogger", "make_grid"]
+__all__ = [
+    "EMA",
+    "CheckpointOnInterrupt",
+    "CompactModelSummary",
+    "ExportOnTrainEnd",
+    "IterationLimit",
+    "ProgressLines",
+    "PruningSchedule",
+    "RewardMetrics",
+    "RewardStats",
+    "SampleDiversity",
+    "SampleGridLogger",
+    "TreeView",
+    "make_grid",
+    "run_iterations",
+]

@@ -40,8 +40,9 @@ class EMA(Callback):
             first update copies the weights.
         every_n_steps: update after every ``every_n_steps``-th training step.
         apply_on: where the averaged weights replace the training weights: ``"validation"``
-            (swapped in from ``on_validation_start`` to ``on_validation_end``) and
-            ``"sample_grid"`` (:class:`~lit_treegrpo.callbacks.SampleGridLogger` samples with them).
+            (swapped in from ``on_validation_start`` to ``on_validation_end``, and likewise for the
+            ``test`` and ``predict`` commands) and ``"sample_grid"``
+            (:class:`~lit_treegrpo.callbacks.SampleGridLogger` samples with them).
     """
 
     def __init__(
@@ -178,6 +179,23 @@ class EMA(Callback):
         if self._for_validation:
             self._for_validation = False
             self._swap_out(pl_module)
+
+    # test and predict run from a checkpoint only (never inside a fit): as validation
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_start(trainer, pl_module)
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_end(trainer, pl_module)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_start(trainer, pl_module)
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_end(trainer, pl_module)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

@@ -24,14 +24,18 @@ from typing_extensions import override
 from lit_treegrpo.core.pruning import DepthMode, Direction, PruningConfig, WidthPruning
 from lit_treegrpo.core.pruning import PruningSchedule as Schedule
 
+from .iterations import run_iterations
+
 
 class PruningSchedule(Callback):
     """Applies a :class:`~lit_treegrpo.core.pruning.PruningSchedule` (same arguments; see it for
-    their meaning) to the module being fit.
+    their meaning) to the module being fit. The run's length, which ``width_fraction`` needs, is
+    counted in iterations: ``--max_iterations`` when given, else ``trainer.max_steps``
+    (:func:`~lit_treegrpo.callbacks.run_iterations`).
 
     Args:
         width: ``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see ``core/pruning.py``).
-        width_fraction: fraction of ``trainer.max_steps`` with width pruning on, in (0, 1].
+        width_fraction: fraction of the run's iterations with width pruning on, in (0, 1].
         extreme_n: best and worst leaves per prompt kept by ``extreme``.
         ratio: fraction of edges per prompt kept by ``ratio``, in (0, 1].
         depth_window: size of the depth window; ``None`` trains every depth.
@@ -81,13 +85,14 @@ class PruningSchedule(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self.schedule.width_steps(trainer.max_steps)  # fail before the first step, naming the option
+        run_length = run_iterations(trainer)
+        self.schedule.width_steps(run_length)  # fail before the first step, naming the option
         if pl_module.pruning != PruningConfig():
             raise ValueError(
                 f"both --model.pruning ({pl_module.pruning}) and the PruningSchedule callback set the "
                 "pruning; give one of them (the schedule's options cover every fixed pruning too)"
             )
-        pl_module.pruning_schedule = self.schedule
+        pl_module.pruning_schedule, pl_module.pruning_run_length = self.schedule, run_length
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

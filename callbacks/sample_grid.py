@@ -3,13 +3,15 @@
 Rows are prompts, columns are seeds; the same prompts and seeds at every logging step, so the grid
 shows the policy changing and nothing else. Sampling is the module's deterministic ODE sampler
 (``pl_module.sample``), with the EMA weights when an :class:`~lit_treegrpo.callbacks.EMA` callback
-applies to sample grids.
+applies to sample grids. With ``captions`` (the default) the logged image carries its prompts (one
+per row), its seeds (one per column) and each image's reward (``pl_module.reward``), drawn with
+PIL's bitmap font.
 
 Videos (a policy whose ``sample`` gives [P, F, 3, H, W], e.g. Wan) are logged as an animated GIF of the
 grid, frame by frame, in a TensorBoard image summary (``<tag>/video``; TensorBoard's Images tab plays
 it), written with PIL because ``add_video`` needs moviepy, and as a filmstrip image (``<tag>``: the grid
-at up to ``strip_frames`` evenly spaced frames, left to right); ``save_png`` writes both under
-``samples/`` (``step_*.gif``, ``step_*.png``).
+at up to ``strip_frames`` evenly spaced frames, left to right; not captioned); ``save_png`` writes both
+under ``samples/`` (``step_*.gif``, ``step_*.png``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
@@ -27,6 +30,7 @@ from typing_extensions import override
 
 from ._tensorboard import TensorBoardWriters
 from ._video import add_gif, gif_bytes, strip_frames
+from .drawing import captioned_grid
 from .ema import EMA
 
 DEFAULT_PROMPTS = ("a red circle", "a blue square", "a green triangle", "a photo of a cat")
@@ -74,6 +78,8 @@ class SampleGridLogger(Callback):
         padding: pixels between and around the images of the grid.
         scale: enlarge every image by this integer factor (nearest neighbour) before tiling, so
             that small images (the Shapes world's 16 px) are legible in TensorBoard.
+        captions: draw the prompt left of each row, the seed above each column, the iteration on
+            top and, when the module has a ``reward``, each image's reward under it (images only).
         fps: frames per second of the animated GIF of a video grid.
         strip_frames: frames of a video grid shown side by side in the filmstrip image.
     """
@@ -88,6 +94,7 @@ class SampleGridLogger(Callback):
         save_png: bool = True,
         padding: int = 2,
         scale: int = 1,
+        captions: bool = True,
         fps: int = 8,
         strip_frames: int = 8,
     ) -> None:
@@ -106,8 +113,6 @@ class SampleGridLogger(Callback):
             raise ValueError(f"SampleGridLogger.padding must be >= 0, got {padding}")
         if scale < 1:
             raise ValueError(f"SampleGridLogger.scale must be an integer >= 1, got {scale}")
-        if fps < 1 or strip_frames < 1:
-            raise ValueError(f"SampleGridLogger.fps and strip_frames must be >= 1, got {fps} and {strip_frames}")
         self.prompts = prompts
         self.seeds = [int(s) for s in seeds]
         self.every_n_steps = every_n_steps
@@ -116,6 +121,9 @@ class SampleGridLogger(Callback):
         self.save_png = save_png
         self.padding = padding
         self.scale = int(scale)
+        self.captions = captions
+        if fps < 1 or strip_frames < 1:
+            raise ValueError(f"SampleGridLogger.fps and strip_frames must be >= 1, got {fps} and {strip_frames}")
         self.fps, self.strip_frames = int(fps), int(strip_frames)
         self.last_logged: int | None = None  # iteration of the latest grid
         self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
@@ -130,6 +138,16 @@ class SampleGridLogger(Callback):
     def make(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
         """The grid [3, H', W'] of the current weights (the EMA's if ``ema`` is given); for videos,
         one grid per frame [F, 3, H', W']."""
+        return self._grid(self.cells(pl_module, ema))
+
+    def _grid(self, cells: Tensor) -> Tensor:
+        if cells.ndim == 5:  # [P, S, 3, H, W]
+            return make_grid(cells, padding=self.padding)
+        return torch.stack([make_grid(cells[:, :, f], padding=self.padding) for f in range(cells.shape[2])])
+
+    def cells(self, pl_module: pl.LightningModule, ema: EMA | None = None) -> Tensor:
+        """The images [P, S, 3, H, W] (videos [P, S, F, 3, H, W]) of the grid (prompts x seeds,
+        enlarged by ``scale``)."""
         context = ema.swapped(pl_module) if ema is not None else contextlib.nullcontext()
         columns = []
         with torch.no_grad(), context:
@@ -144,21 +162,37 @@ class SampleGridLogger(Callback):
                 if self.scale > 1:
                     images = images.repeat_interleave(self.scale, dim=-2).repeat_interleave(self.scale, dim=-1)
                 columns.append(images)
-        cells = torch.stack(columns, dim=1)  # rows: prompts, columns: seeds [P, S, (F,) 3, H, W]
-        if cells.ndim == 5:
-            return make_grid(cells, padding=self.padding)
-        return torch.stack([make_grid(cells[:, :, f], padding=self.padding) for f in range(cells.shape[2])])
+        return torch.stack(columns, dim=1)  # rows: prompts
+
+    def captioned(self, pl_module: pl.LightningModule, cells: Tensor, iteration: int) -> Any:
+        """The captioned grid (a PIL image) of ``cells`` [P, S, 3, H, W]."""
+        reward = getattr(pl_module, "reward", None)
+        rewards = None
+        if reward is not None and hasattr(reward, "score"):
+            P, S = cells.shape[:2]
+            full = cells[:, :, :, :: self.scale, :: self.scale].flatten(0, 1)  # [P*S, 3, H, W] unscaled
+            with torch.no_grad():
+                scores = reward.score(full.to(pl_module.device), [p for p in self.prompts for _ in range(S)], check=False)
+            rewards = scores.total.float().cpu().view(P, S)
+        labels = [f"seed {s}" for s in self.seeds]
+        title = f"iteration {iteration}" + ("   (reward under each image)" if rewards is not None else "")
+        return captioned_grid(cells, self.prompts, labels, rewards, padding=max(self.padding, 2), title=title)
 
     def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         iteration = pl_module.iteration
-        grid = self.make(pl_module, _ema_for_grids(trainer))
+        cells = self.cells(pl_module, _ema_for_grids(trainer))
         self.last_logged = iteration
         if not trainer.is_global_zero:
             return
-        frames = torch.stack([to_uint8_hwc(f) for f in grid]) if grid.ndim == 4 else None  # [F, H', W', 3]
-        if frames is not None:  # a video: its filmstrip is the image
-            grid = make_grid(grid[strip_frames(len(grid), self.strip_frames)][None], padding=self.padding)
-        pixels = to_uint8_hwc(grid)  # quantised once: TensorBoard and the PNG hold the same bytes
+        frames = None
+        if cells.ndim == 6:  # videos: a GIF of the grid per frame, and its filmstrip as the image
+            grid = self._grid(cells)  # [F, 3, H', W']
+            frames = torch.stack([to_uint8_hwc(f) for f in grid])  # [F, H', W', 3]
+            pixels = to_uint8_hwc(make_grid(grid[strip_frames(len(grid), self.strip_frames)][None], padding=self.padding))
+        elif self.captions:
+            pixels = torch.from_numpy(np.asarray(self.captioned(pl_module, cells, iteration)).copy())  # [H, W, 3]
+        else:  # quantised once: TensorBoard and the PNG hold the same bytes
+            pixels = to_uint8_hwc(make_grid(cells, padding=self.padding))
         for writer in self._writers(trainer):
             if not self._prompts_written:
                 rows = "\n".join(f"| {r} | {_cell(p)} |" for r, p in enumerate(self.prompts))

@@ -1,4 +1,4 @@
-"""``python -m lit_treegrpo {fit,validate,test,predict} --config FILE [--section.key value ...]``."""
+"""``python -m lit_treegrpo {fit,validate,test,predict,export} --config FILE [--section.key value ...]``."""
 
 from .cli import main
 

@@ -1,4 +1,4 @@
-"""The command line: ``python -m lit_treegrpo {fit,validate,test,predict} --config FILE``.
+"""The command line: ``python -m lit_treegrpo {fit,validate,test,predict,export} --config FILE``.
 
 LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with three project rules:
 
@@ -29,6 +29,11 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
   ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
   status 2 (:mod:`lit_treegrpo.cli_errors`). Anything else is a bug and keeps its traceback.
+- ``export`` writes a checkpoint's trained weights in the family's diffusers format with a card
+  (:mod:`lit_treegrpo.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
+  weights when its run had an EMA (``--raw_weights true``: the training weights).
+- Output and length (:mod:`lit_treegrpo.run_output`): progress lines instead of the bar when stdout
+  is not a terminal, a quiet start-up, ``--max_iterations`` in training iterations.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+import torch
 from jsonargparse import set_parsing_settings
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -62,7 +68,16 @@ from .cli_errors import (
 )
 from .data import PromptDataModule
 from .errors import explain_os_error
+from .export import ExportCommand, check_out, choose_weights, ema_state, export, logged_rewards, restore
 from .module import TreeGRPOModule
+from .run_output import (
+    MAX_ITERATIONS_HELP,
+    MAX_STEPS_HELP,
+    compact_summary,
+    iteration_limit,
+    output_callbacks,
+    quiet_startup,
+)
 from .run_folder import (
     RunConfigRecord,
     RunFolderError,
@@ -86,6 +101,7 @@ class TreeGRPOCLI(LightningCLI):
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
         self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
+        self._max_iterations: int | None = None  # fit's --max_iterations
         try:
             super().__init__(
                 TreeGRPOModule,
@@ -104,6 +120,23 @@ class TreeGRPOCLI(LightningCLI):
             if self._lock is not None:
                 self._lock.release()
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's four, and ``export`` (:mod:`lit_treegrpo.export`)."""
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        # Lightning takes each subcommand's options from the Trainer method of its name; export
+        # is no Trainer method, so its options come from ExportCommand.export's signature
+        self._subcommand_parsers = {}
+        subcommands = parser.add_subcommands()
+        for name in self.subcommands():
+            klass = ExportCommand if name == "export" else self.trainer_class
+            description = (getattr(klass, name).__doc__ or "").strip().splitlines()[0]
+            options = {"description": description, **kwargs.get(name, {})}
+            self._subcommand_parsers[name] = self._prepare_subcommand_parser(klass, name, **options)
+            subcommands.add_subcommand(name, self._subcommand_parsers[name], help=description)
+
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         # an abbreviated option (--trainer.max_step) is a typo to report, not a guess to expand
         kwargs.setdefault("allow_abbrev", False)
@@ -111,6 +144,16 @@ class TreeGRPOCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in ("validate", "test", "predict"):
+            parser.add_argument(
+                "--raw_weights",
+                type=bool,
+                default=False,
+                help=(
+                    "Evaluate the checkpoint's training weights. By default a checkpoint of a run with an "
+                    "EMA callback is evaluated with its EMA weights, as fit validated it."
+                ),
+            )
         if subcommand == "fit":
             parser.add_argument(
                 "--overwrite",
@@ -146,12 +189,21 @@ class TreeGRPOCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
+        # every command accepts it, so that one config file serves fit and validate alike
+        parser.add_argument("--max_iterations", type=Optional[int], default=None, help=MAX_ITERATIONS_HELP)
+        for action in parser._actions:
+            if action.dest == "trainer.max_steps":
+                action.help = MAX_STEPS_HELP
 
     def before_instantiate_classes(self) -> None:
         """Checks that need no model, made before any weights load (minutes for SD3.5); then a
         fit takes its run folder (:meth:`_take_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_config(config)
+        limit = config.get("max_iterations")
+        if limit is not None and limit < 1:
+            raise UserError(f"--max_iterations must be >= 1, got {limit}; or leave it out to stop at --trainer.max_steps")
+        self._max_iterations = limit if self.subcommand == "fit" else None
         # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
         owner = self.subcommand == "fit" and launch_rank() == 0
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
@@ -161,6 +213,8 @@ class TreeGRPOCLI(LightningCLI):
             except RunFolderError as err:
                 raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
+        if self.subcommand == "export":
+            check_out(config.get("out"))  # before the model loads
         if owner:
             self._take_run_folder(root, overwrite=config.get("overwrite", False))
 
@@ -189,12 +243,12 @@ class TreeGRPOCLI(LightningCLI):
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
         path = root / "checkpoints" / "last.ckpt" if given == "last" else Path(given)
         if not path.exists():
+            export = self.subcommand == "export"
             if given == "last":
-                raise UserError(
-                    f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or "
-                    f"drop --ckpt_path to start a new run"
-                )
-            raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or drop --ckpt_path to start over")
+                fix = "give the checkpoint file" if export else "drop --ckpt_path to start a new run"
+                raise UserError(f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or {fix}")
+            fix = "--ckpt_path last for the run's latest" if export else "drop --ckpt_path to start over"
+            raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or {fix}")
         if path.is_dir():
             # this project's checkpoints are single files (sharded ones are refused when written)
             inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
@@ -238,11 +292,17 @@ class TreeGRPOCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super()._instantiate_trainer(config, callbacks)
+        callbacks = iteration_limit(config, output_callbacks(config, callbacks, everything), self._max_iterations)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        compact_summary(trainer, everything)
+        return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; a SIGTERM during validate / test / predict ends in :class:`CommandInterrupted`
         (nothing was saved: :class:`CheckpointOnInterrupt` writes only during a fit)."""
+        if subcommand == "export":
+            self._export()
+            return
         try:
             super()._run_subcommand(subcommand)
         except SIGTERMException:
@@ -260,6 +320,24 @@ class TreeGRPOCLI(LightningCLI):
             f"them); run {subcommand} again for its results"
         )
 
+    def _export(self) -> None:
+        """``export``: the checkpoint's weights into the configured model, then written out."""
+        options = self.config_init["export"]
+        assert self._ckpt_path is not None  # export's --ckpt_path defaults to last
+        checkpoint = torch.load(self._ckpt_path, map_location="cpu", weights_only=False)
+        restore(self.model, checkpoint)
+        ema = ema_state(checkpoint) if options["ema"] else None
+        if options["ema"] and ema is None:
+            raise UserError(f"--ema true: {self._ckpt_path} holds no EMA weights (the run had no EMA callback, or it had "
+                            "not updated yet); drop --ema")  # fmt: skip
+        root = Path(self.config["export"]["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        adapter = self.config["export"]["model"].get("adapter")
+        out = export(self.model, options["out"], merged=options["merged"], ema=ema,
+                     metrics=logged_rewards(root / "tensorboard", self.model.iteration),
+                     optimizer_steps=int(checkpoint.get("global_step", 0)), checkpoint=self._ckpt_path,
+                     adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None)  # fmt: skip
+        rank_zero_info(f"exported {self._ckpt_path} (iteration {self.model.iteration}) to {out}")
+
     def before_fit(self) -> None:
         # --overwrite true deletes the earlier run only now that this one's model and trainer are
         # built: a fit that fails to load keeps the earlier run
@@ -269,12 +347,15 @@ class TreeGRPOCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._resolve_ckpt_path()
+        choose_weights(self.trainer, self._ckpt_path, raw=self.config["validate"].get("raw_weights", False))
 
     def before_test(self) -> None:
         self._resolve_ckpt_path()
+        choose_weights(self.trainer, self._ckpt_path, raw=self.config["test"].get("raw_weights", False))
 
     def before_predict(self) -> None:
         self._resolve_ckpt_path()
+        choose_weights(self.trainer, self._ckpt_path, raw=self.config["predict"].get("raw_weights", False))
 
     def _resolve_ckpt_path(self) -> None:
         """Hand the Trainer the checkpoint checked in :meth:`_checked_ckpt_path`."""
@@ -291,6 +372,7 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    quiet_startup()
 
 
 def main(args: list[str] | None = None) -> None:

@@ -11,9 +11,8 @@ root noise and SDE noise come from its own generator, so a resumed run continues
 data-parallel run samples what one process with the same global batch samples.
 
 Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
-or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks.
-Before the first batch is drawn, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that
-cannot fit in memory.
+or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks. Before
+the first batch, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from .prompt_stream import PromptBatch
 from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
-from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
+from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
 
 
 class TreeGRPOModule(LightningModule):
@@ -129,7 +128,8 @@ class TreeGRPOModule(LightningModule):
                 f"{type(adapter).__name__} is not one: use kl_form exact"
             )
         self.pruning = pruning
-        self.pruning_schedule: PruningSchedule | None = None  # attached by the PruningSchedule callback
+        self.pruning_schedule: PruningSchedule | None = None  # attached by the PruningSchedule callback,
+        self.pruning_run_length: int | None = None  # with the run's length in iterations
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.minibatches = minibatches
@@ -261,7 +261,7 @@ class TreeGRPOModule(LightningModule):
         if self.pruning_schedule is None:
             return self.pruning
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
-        return self.pruning_schedule.at(self.iteration, self.trainer.max_steps, stochastic)
+        return self.pruning_schedule.at(self.iteration, self.pruning_run_length, stochastic)
 
     def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
@@ -278,7 +278,7 @@ class TreeGRPOModule(LightningModule):
                   num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
         metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
         self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
-        self.log_dict(metrics.logged, batch_size=num_prompts)
+        self.log_dict({**metrics.logged, "optimizer_steps": float(self.trainer.global_step)}, batch_size=num_prompts)
 
     def _sum_over_ranks(self, values: list[int | bool]) -> list[int]:
         """``values`` summed over the data-parallel ranks (one all-reduce; none on one process)."""
@@ -395,6 +395,7 @@ class TreeGRPOModule(LightningModule):
         prompts = list(batch.prompts) * self.val_samples
         rewards, components = self._score(images, prompts)
         self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
         return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:

@@ -47,6 +47,11 @@ class Update(NamedTuple):
 
 NO_UPDATE = Update(None, 0, 0, None)  # a step that trained nothing
 
+#: Lightning's logger connector pops a metric of this name and logs the others at its value: every
+#: scalar, image and text of a run is placed at the training iteration (what papers plot), never at
+#: Lightning's optimizer-step count (several per iteration with ``minibatches`` > 1)
+X_AXIS = "step"
+
 
 class StepMetrics(NamedTuple):
     """A training step's metrics, as the module logs them."""
@@ -66,9 +71,13 @@ def step_metrics(
     iteration: int,
 ) -> StepMetrics:
     """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
-    statistics, NFE, phase times (``time/<phase>_s``), the iteration, the fault counters
-    (``faults/*``) and, when an update ran, its loss statistics. ``keep`` [E] bool and
-    ``advantages`` [E] are the tree's edges'."""
+    statistics, NFE, phase times (``time/<phase>_s``), the iteration (``iteration``: completed
+    ones, this step included), the fault counters (``faults/*``) and, when an update ran, its loss
+    statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'.
+
+    ``step`` is not a scalar but the x-axis Lightning logs every metric of the step at
+    (:data:`X_AXIS`): this step's index, ``iteration - 1``, the number of updates the weights that
+    drew its samples had seen, as sample grids and validations are placed."""
     shown: dict[str, Any] = {}
     finite = rewards[torch.isfinite(rewards)]  # [<= L]
     if finite.numel():
@@ -82,6 +91,7 @@ def step_metrics(
         "nfe/rollout": float(tree.nfe),
         **{f"time/{phase}_s": seconds for phase, seconds in laps.items()},
         "iteration": float(iteration),
+        X_AXIS: float(iteration - 1),
     }
     logged.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
     if update.stats is not None:

@@ -273,7 +273,7 @@ class PruningSchedule:
         if max_steps is None or max_steps < 0:
             raise ValueError(
                 f"PruningSchedule.width_fraction={self.width_fraction} needs the run length: set "
-                "trainer.max_steps (it is unset / -1), or use width_fraction=1.0"
+                "trainer.max_steps or --max_iterations (both unset / -1), or use width_fraction=1.0"
             )
         # the tolerance keeps 0.07 * 100 = 7.000000000000001 at 7 steps
         return math.ceil(self.width_fraction * max_steps - 1e-9)

@@ -16,7 +16,9 @@ The weights that ship in ``lit_treegrpo/shapes/weights`` are made by
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -191,7 +193,8 @@ def load_components(pretrained: str | Path, torch_dtype: torch.dtype = torch.flo
     check_tokenizer(tokenizer, f"{path}/tokenizer")
     models = {}
     for name, cls in (("transformer", SD3Transformer2DModel), ("text_encoder", CLIPTextModelWithProjection)):
-        model, info = load_component(cls, path, name, torch_dtype=torch_dtype, output_loading_info=True)
+        with _no_loading_bar():  # a progress bar for 3 MB read in milliseconds is noise
+            model, info = load_component(cls, path, name, torch_dtype=torch_dtype, output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if bad:
             kind, keys = next(iter(bad.items()))
@@ -199,6 +202,20 @@ def load_components(pretrained: str | Path, torch_dtype: torch.dtype = torch.flo
                              f"e.g. {sorted(map(str, keys))[:2]}; the folder's weights do not match its config")
         models[name] = model
     return {**models, "tokenizer": tokenizer, "scheduler": load_component(FlowMatchEulerDiscreteScheduler, path, "scheduler")}
+
+
+@contextlib.contextmanager
+def _no_loading_bar() -> Iterator[None]:
+    """transformers' weight-loading progress bar off for the block, as it was afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def encode_text(text_encoder: nn.Module, tokenizer: Any, prompts: list[str]) -> Cond:

@@ -1,0 +1,57 @@
+"""The export of ``python -m lit_treegrpo export`` at the end of a fit (:mod:`lit_treegrpo.export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from .ema import EMA
+
+
+class ExportOnTrainEnd(Callback):
+    """When a fit ends (its last iteration, or stopped early), write the trained weights as the
+    ``export`` command does.
+
+    Args:
+        out: the folder to write; ``null``: ``<default_root_dir>/export``. An earlier export there
+            is replaced.
+        merged: the full denoiser with the LoRA merged in instead of the LoRA alone.
+        ema: also write the EMA weights (``<out>/ema``) when an :class:`EMA` callback has updated.
+    """
+
+    def __init__(self, out: str | None = None, merged: bool = False, ema: bool = True) -> None:
+        self.out = out
+        self.merged = merged
+        self.ema = ema
+        self.written: Path | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from lit_treegrpo.export import check_out
+
+        if stage == "fit" and trainer.is_global_zero:
+            check_out(self._folder(trainer))  # a bad --out fails before training, not after it
+
+    def _folder(self, trainer: pl.Trainer) -> Path:
+        return Path(self.out) if self.out is not None else Path(trainer.default_root_dir) / "export"
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from lit_treegrpo.export import export
+
+        if not trainer.is_global_zero:
+            return
+        emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)] if self.ema else []
+        state = emas[0].state_dict() if emas and emas[0].num_updates > 0 else None
+        metrics = trainer.callback_metrics
+        rewards = {
+            "reward": float(metrics["reward"]) if "reward" in metrics else None,
+            "held_out_reward": float(metrics["val/reward"]) if "val/reward" in metrics else None,
+        }
+        self.written = export(pl_module, self._folder(trainer), merged=self.merged, ema=state, metrics=rewards,
+                              optimizer_steps=trainer.global_step)  # fmt: skip
+        rank_zero_info(f"exported the trained weights to {self.written}")

@@ -1,0 +1,53 @@
+"""Run length in training iterations, the unit this project speaks in.
+
+One training iteration is one rollout of the tree for a batch of prompts and its policy updates:
+``minibatches x inner_epochs`` optimizer steps (or one per ``edges_per_update`` kept edges, and none
+for a step the ``skip`` fault policy refused). Lightning's ``max_steps`` counts those optimizer
+steps, so ``max_steps: 250`` with ``minibatches: 4`` is 63 iterations. :class:`IterationLimit`
+(the CLI's ``--max_iterations``) stops a fit after a number of iterations instead, and
+:func:`run_iterations` tells the callbacks that need the run's length (``PruningSchedule``'s
+``width_fraction``, the progress lines' ETA) how many iterations it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+
+class IterationLimit(Callback):
+    """Stop the fit once ``pl_module.iteration`` reaches ``max_iterations`` (training iterations
+    completed, a resumed run's included). The CLI installs it for ``--max_iterations`` and sets
+    ``trainer.max_steps`` to -1, so that only this limit applies."""
+
+    def __init__(self, max_iterations: int) -> None:
+        if max_iterations < 1:
+            raise ValueError(f"--max_iterations must be >= 1, got {max_iterations}")
+        self.max_iterations = int(max_iterations)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a run resumed at or beyond the limit trains nothing (as Lightning does with max_steps)
+        if pl_module.iteration >= self.max_iterations:
+            trainer.should_stop = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if pl_module.iteration >= self.max_iterations:
+            trainer.should_stop = True
+
+
+def run_iterations(trainer: pl.Trainer) -> int | None:
+    """The number of training iterations the fit runs to: an :class:`IterationLimit`'s, else
+    ``trainer.max_steps`` when it is set (equal to iterations when each makes one optimizer step,
+    as every shipped config but the multi-minibatch ones); ``None`` when neither bounds the run."""
+    limits = [cb.max_iterations for cb in trainer.callbacks if isinstance(cb, IterationLimit)]
+    if limits:
+        return min(limits)
+    max_steps = trainer.max_steps
+    return max_steps if max_steps is not None and max_steps > 0 else None

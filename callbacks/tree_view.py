@@ -1,0 +1,152 @@
+"""A picture of the tree the policy grows for one fixed prompt, logged as training goes.
+
+Every ``every_n_steps`` training iterations (and before the first), :class:`TreeView` rolls out the
+run's tree (``pl_module.tree.at(iteration)``) for one prompt from a fixed seed with the training
+weights, scores the leaves with the run's reward, backs the rewards up into advantages with the
+run's estimator and prunes with the pruning that iteration trains with, exactly as a training step
+does, and draws it (:func:`~lit_treegrpo.callbacks.drawing.draw_tree`): root on top, one row per
+depth of recorded edges, each edge's advantage, the pruned edges greyed and crossed, each leaf's
+image and reward at the bottom. The image goes to TensorBoard (``add_image(tag, ...,
+global_step=iteration)``) and to ``<default_root_dir>/samples/tree_{iteration:06d}.png``.
+
+It draws its own noise from its own generators and changes no state of the module, so a run with it
+trains exactly as a run without it. A video adapter's leaves ([L, F, 3, H, W] decoded) are drawn by
+their middle frame.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lit_treegrpo.core.pruning import prune
+from lit_treegrpo.core.rollout import rollout, root_noise
+
+from ._tensorboard import TensorBoardWriters
+from .drawing import draw_tree
+
+
+class TreeView(Callback):
+    """Every ``every_n_steps`` iterations, draw one prompt's rollout tree (see the module docstring).
+
+    Args:
+        prompt: the prompt whose tree is drawn, the same at every logging step.
+        seed: seeds the root noise and every SDE draw of the drawn tree.
+        every_n_steps: training iterations between two pictures.
+        log_at_start: also draw before the first training iteration of a fit.
+        tag: TensorBoard tag of the image.
+        save_png: also write each picture to ``samples/tree_{iteration:06d}.png``.
+        scale: enlarge every leaf image by this integer factor (16 px Shapes images need 3-4).
+    """
+
+    def __init__(self, prompt: str = "a red circle", seed: int = 0, every_n_steps: int = 50, log_at_start: bool = True,
+                 tag: str = "tree", save_png: bool = True, scale: int = 1) -> None:  # fmt: skip
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"TreeView.prompt must be a non-empty prompt, got {prompt!r}")
+        if every_n_steps < 1:
+            raise ValueError(f"TreeView.every_n_steps must be >= 1, got {every_n_steps}")
+        if scale < 1:
+            raise ValueError(f"TreeView.scale must be an integer >= 1, got {scale}")
+        if not tag:
+            raise ValueError("TreeView.tag must be a non-empty string")
+        self.prompt = prompt
+        self.seed = int(seed)
+        self.every_n_steps = every_n_steps
+        self.log_at_start = log_at_start
+        self.tag = tag
+        self.save_png = save_png
+        self.scale = int(scale)
+        self.last_logged: int | None = None
+        self._writers = TensorBoardWriters(f"TreeView(tag={tag!r})")
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(tag=self.tag)
+
+    # ------------------------------------------------------------------------ the tree
+    @torch.no_grad()
+    def grow(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """Roll out, score, back up and prune one tree of :attr:`prompt` with the current weights."""
+        adapter = pl_module.adapter
+        spec = pl_module.tree.at(pl_module.iteration)
+        generator = torch.Generator(adapter.device).manual_seed(self.seed)
+        cond = adapter.encode_prompts([self.prompt])
+        noise = root_noise(adapter.initial_noise, [generator], spec)  # [num_trees, *S]
+        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=[generator],
+                       max_batch=pl_module.rollout_limits.max_batch)
+        images = adapter.decode(tree.leaf_latents)  # [L, 3, H, W] (or [L, F, 3, H, W] for video)
+        rewards = pl_module.reward.score(images, [self.prompt] * tree.num_leaves, check=False).total.float()  # [L]
+        advantages = pl_module._advantages(tree, rewards)  # [E], the training step's estimator
+        pruning = pl_module.pruning_at(spec)  # the training step's, a PruningSchedule's included
+        keep = prune(tree, advantages, pruning)  # [E] bool
+        return {"tree": tree, "images": images, "rewards": rewards, "advantages": advantages, "keep": keep,
+                "pruning": pruning, "spec": spec}  # fmt: skip
+
+    def picture(self, grown: dict[str, Any], iteration: int) -> Any:
+        """The drawn tree (a PIL image) of :meth:`grow`'s result."""
+        tree, spec, keep, rewards = grown["tree"], grown["spec"], grown["keep"], grown["rewards"]
+        title = [
+            f"iteration {iteration}   prompt: {self.prompt!r}   seed {self.seed}",
+            f"{tree.num_leaves} leaves, {tree.num_edges} recorded edges, {int(keep.sum())} kept for training; "
+            f"reward mean {float(rewards.mean()):.3f}, max {float(rewards.max()):.3f}",
+            f"tree: {spec.num_trees} root(s), branching {spec.branching} at steps {list(spec.branch_steps)}"
+            + (f", SDE steps {list(spec.sde_steps)}" if spec.sde_steps else "") + "; "
+            f"pruning: {grown['pruning'].width} width"
+            + (f", depth {grown['pruning'].depth_window} {grown['pruning'].depth_mode}" if grown["pruning"].depth_window else ""),
+            "edges: green advantage >= 0, red < 0, grey with x = pruned; the number under a node is its edge's advantage",
+        ]
+        cpu = lambda t: t.detach().cpu()  # noqa: E731
+        return draw_tree(edge_parent=cpu(tree.edge_parent), edge_source=cpu(tree.edge_source),
+                         edge_depth=cpu(tree.edge_depth), edge_step=cpu(tree.edge_step),
+                         advantages=cpu(grown["advantages"]).float(), keep=cpu(keep), leaf_edge=cpu(tree.leaf_edge),
+                         leaf_images=cpu(grown["images"]).float(), rewards=cpu(rewards), title=title,
+                         scale=self.scale)  # fmt: skip
+
+    def log_tree(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        iteration = pl_module.iteration
+        grown = self.grow(trainer, pl_module)  # every rank: a sharded model needs all of them
+        self.last_logged = iteration
+        if not trainer.is_global_zero:
+            return
+        picture = self.picture(grown, iteration)
+        pixels = np.asarray(picture)  # [H, W, 3] uint8
+        for writer in self._writers(trainer):
+            writer.add_image(self.tag, pixels, global_step=iteration, dataformats="HWC")
+            writer.flush()
+        if self.save_png:
+            folder = Path(trainer.default_root_dir) / "samples"
+            folder.mkdir(parents=True, exist_ok=True)
+            picture.save(folder / f"tree_{iteration:06d}.png")
+
+    # ------------------------------------------------------------------------ hooks
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.log_at_start and self.last_logged != pl_module.iteration:
+            self.log_tree(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        n = pl_module.iteration  # before iteration n = after n completed ones, as the sample grid
+        if n > 0 and n % self.every_n_steps == 0 and self.last_logged != n:
+            self.log_tree(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.last_logged != pl_module.iteration:
+            self.log_tree(trainer, pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_logged": self.last_logged}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_logged = state_dict["last_logged"]
