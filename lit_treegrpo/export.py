@@ -11,7 +11,7 @@
                                            for the Shapes model a whole model folder that
                                            ShapesAdapter(pretrained=DIR) loads
     DIR/ema/                               --ema: the same, of the EMA weights
-    DIR/export.json, DIR/README.md         the card: base model, method, iterations, rewards
+    export.json and README.md in DIR       the card: base model, method, iterations, rewards
 
 A checkpoint holds the trainable weights only (:meth:`TreeGRPOModule.on_save_checkpoint`); the base
 weights come from the configuration, which must be the run's (the fingerprint is checked as for a
