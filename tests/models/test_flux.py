@@ -120,6 +120,20 @@ def test_recomputed_log_probs_equal_the_sampled_ones(dynamics: str) -> None:
         assert any(g.abs().sum() > 0 for n, g in grads.items() if n.startswith(blocks)), blocks
 
 
+def test_bf16_rollout_and_recompute_are_finite() -> None:
+    adapter = FluxAdapter(tiny_flux_pipeline(0).to(torch.bfloat16), **COMMON)
+    assert adapter.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())  # LoRA masters
+    cond = adapter.encode_prompts(PROMPTS)
+    gen = torch.Generator().manual_seed(0)
+    spec = TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1, 2))
+    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
+    assert tree.edge_x_next.dtype == torch.bfloat16 and tree.edge_old_log_prob.dtype == torch.float32
+    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
+    assert bool(torch.isfinite(out.step.log_prob).all() and torch.isfinite(tree.edge_old_log_prob).all())
+    assert bool(torch.isfinite(adapter.decode(tree.leaf_latents)).all())
+
+
 def test_lora_sits_on_the_attention_of_both_block_kinds() -> None:
     adapter = TinyFluxAdapter(num_steps=T)
     adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in adapter.denoiser.named_modules() if n.endswith("lora_A")}
