@@ -42,7 +42,7 @@ from .predictions import save_predictions
 from .prompt_stream import PromptBatch
 from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
-from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
+from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings, data_parallel_mesh
 from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
 
 
@@ -169,7 +169,7 @@ class TreeGRPOModule(LightningModule):
                 "every weight, which this module's trainable-only checkpoints cannot resume from; set "
                 "trainer.strategy.init_args.save_distributed_checkpoint: false"
             )
-        self.adapter.shard(self.device_mesh["data_parallel"])
+        self.adapter.shard(data_parallel_mesh(self.device_mesh, self.trainer.world_size))
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:

@@ -5,7 +5,7 @@ any weights load; :class:`~lit_treegrpo.module.TreeGRPOModule` runs them again w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .core.advantages import METHODS, AdvantageMethod, StdScope
 from .core.spec import RolloutLimits, TreeSpec
@@ -129,3 +129,19 @@ def check_settings(
                 f"{prefix}edges_per_update={edges_per_update} sets the number of optimizer steps from "
                 f"the kept edges, so minibatches={minibatches} would be ignored; keep minibatches 1"
             )
+
+
+def data_parallel_mesh(device_mesh: Any, world_size: int) -> Any:
+    """The data-parallel dimension of ``ModelParallelStrategy``'s mesh, which FSDP2 shards over.
+
+    Refused when the tensor-parallel dimension is > 1: nothing here splits tensors, so those ranks
+    would hold copies that no gradient reduction synchronises (Lightning's ``"auto"`` sizes give
+    one data-parallel rank per node and every process of a node to tensor parallelism)."""
+    tensor_parallel = device_mesh["tensor_parallel"].size()
+    if tensor_parallel > 1:
+        raise ValueError(
+            f"ModelParallelStrategy has a tensor-parallel size of {tensor_parallel}, but this module only shards over "
+            "data parallelism (FSDP2), so those ranks would train unsynchronised copies; set "
+            f"trainer.strategy.init_args.data_parallel_size: {world_size} and tensor_parallel_size: 1"
+        )
+    return device_mesh["data_parallel"]

@@ -568,7 +568,8 @@ def test_tiny_config_reward_rises_over_30_steps(tmp_path: Path, seed: int) -> No
     assert last > first + 2e-3, (first, last)
 
 
-FSDP2 = '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": {"save_distributed_checkpoint": false}}'
+FSDP2 = ('{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": '
+         '{"data_parallel_size": 2, "tensor_parallel_size": 1, "save_distributed_checkpoint": false}}')  # fmt: skip
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import pytest
 
 from lit_treegrpo import rewards
 from lit_treegrpo.cli import TreeGRPOCLI
-from lit_treegrpo.models import SD3Adapter, SD15Adapter, WanAdapter
+from lit_treegrpo.models import FluxAdapter, SD3Adapter, SD15Adapter, WanAdapter
 from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
-from lit_treegrpo.models.tiny import tiny_sd3_pipeline, tiny_sd15_pipeline
+from lit_treegrpo.models.tiny import tiny_flux_pipeline, tiny_sd3_pipeline, tiny_sd15_pipeline
 from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline
 from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
@@ -41,7 +41,12 @@ def offline_weights(monkeypatch, tmp_path):
         loaded.append(path)
         return tiny_wan_pipeline(0)
 
+    def flux(path, dtype, revision, variant):
+        loaded.append(path)
+        return tiny_flux_pipeline(0)
+
     monkeypatch.setattr(SD15Adapter, "_load", staticmethod(sd15))
+    monkeypatch.setattr(FluxAdapter, "_load", staticmethod(flux))
     monkeypatch.setattr(SD3Adapter, "_load", staticmethod(sd3))
     monkeypatch.setattr(WanAdapter, "_load", staticmethod(wan))
     tiny = {
@@ -60,7 +65,8 @@ def offline_weights(monkeypatch, tmp_path):
 
 def test_every_run_config_is_covered() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in RUN_CONFIGS}
-    assert {"tiny.yaml", "shapes.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml", "wan.yaml", "tiny_wan.yaml"} <= names
+    assert {"tiny.yaml", "shapes.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml", "wan.yaml", "tiny_wan.yaml",
+            "flux.yaml", "tiny_flux.yaml"} <= names
     assert {f"baselines/{m}.yaml" for m in ("dancegrpo", "flowgrpo", "mixgrpo", "branchgrpo")} <= names
 
 

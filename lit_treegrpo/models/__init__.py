@@ -3,14 +3,16 @@
 - :class:`SD15Adapter`: SD 1.x / 2.x UNet + DDIM (DDPO's policy).
 - :class:`SD3Adapter`: SD3 / SD3.5 transformer + rectified-flow SDE (Flow-GRPO's policy).
 - :class:`WanAdapter`: Wan2.1 text-to-video transformer + rectified-flow SDE on video latents.
+- :class:`FluxAdapter`: FLUX.1-dev / -schnell transformer + rectified-flow SDE (BranchGRPO's, DanceGRPO's policy).
 - :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
 - :mod:`.lora`: peft LoRA attach / export in the diffusers format.
 """
 
 from .base import DiffusionAdapter
+from .flux import FluxAdapter
 from .lora import LoraSettings
 from .sd3 import SD3Adapter
 from .sd15 import SD15Adapter
 from .wan import WanAdapter
 
-__all__ = ["DiffusionAdapter", "LoraSettings", "SD15Adapter", "SD3Adapter"]
+__all__ = ["DiffusionAdapter", "FluxAdapter", "LoraSettings", "SD15Adapter", "SD3Adapter", "WanAdapter"]

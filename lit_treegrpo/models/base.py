@@ -227,8 +227,16 @@ class DiffusionAdapter(nn.Module, ABC):
         return super().train(False)
 
     @property
+    def cfg_scale(self) -> float:
+        """The weight of classifier-free guidance (``guidance_scale`` here). A family whose
+        ``guidance_scale`` is something else (FLUX.1-dev: an input of the distilled model) overrides
+        this, so that it does not run a second, unconditional forward it does not need."""
+        return self.guidance_scale
+
+    @property
     def do_cfg(self) -> bool:
-        return self.guidance_scale > 1.0
+        """Whether :meth:`predict` batches [uncond; cond] (two forwards' worth) for CFG."""
+        return self.cfg_scale > 1.0
 
     @property
     def device(self) -> torch.device:
@@ -273,7 +281,7 @@ class DiffusionAdapter(nn.Module, ABC):
             return self._denoise(x, t, cond, negative=False)
         both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True)  # [2B, *S]
         uncond, text = both.chunk(2)  # [B, *S] each
-        return uncond + self.guidance_scale * (text - uncond)
+        return uncond + self.cfg_scale * (text - uncond)
 
     def _step_indices(self, step_index: int | Tensor, batch: int, device: torch.device | str) -> Tensor:
         """A [B] long tensor of step indices on ``device``.

@@ -26,6 +26,12 @@ SD3_LORA_TARGETS: tuple[str, ...] = (
     "attn.to_add_out",
 )
 
+# FLUX: the same suffixes reach the attention of both block kinds. The double-stream blocks' joint
+# attention has all eight; the single-stream blocks' attention has only to_q / to_k / to_v (its
+# output projection is the block's proj_out, shared with the MLP). diffusers' FLUX LoRA scripts
+# train these attention projections too.
+FLUX_LORA_TARGETS: tuple[str, ...] = SD3_LORA_TARGETS
+
 
 @dataclass(frozen=True)
 class LoraSettings:

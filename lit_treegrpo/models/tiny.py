@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .flux import FluxAdapter
 from .sd3 import SD3Adapter
 from .sd15 import SD15Adapter
 
@@ -217,6 +218,59 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
     )
 
 
+def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell: bool = False):
+    """A seeded FLUX.1-shaped ``FluxPipeline`` (CLIP pooled + tiny T5, 1 double- and 1 single-stream
+    block, 32 px). FLUX.1-dev's shape by default: a guidance embedding and the scheduler's dynamic
+    shift; ``schnell``: neither, with a fixed shift of 1, as FLUX.1-schnell."""
+    import tempfile
+
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="tiny_flux_"))
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,  # 4 latent channels packed 2x2
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,  # T5's d_model
+        pooled_projection_dim=32,  # CLIP's hidden size (its pooled output)
+        guidance_embeds=not schnell,
+        axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
+    )
+    torch.manual_seed(seed + 1)
+    vae = _tiny_vae(4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(_tiny_clip_text_config())
+    torch.manual_seed(seed + 3)
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=200, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+            dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+        )
+    )
+    if schnell:
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
+    else:  # FLUX.1-dev's scheduler config
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+            base_image_seq_len=256, max_image_seq_len=4096,
+        )
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tiny_clip_tokenizer(folder / "tokenizer"),
+        text_encoder_2=t5,
+        tokenizer_2=tiny_t5_tokenizer(),
+        transformer=transformer,
+    )
+
+
 class TinySD15Adapter(SD15Adapter):
     """:class:`SD15Adapter` over :func:`tiny_sd15_pipeline`: a seconds-scale model for smoke
     configs and tests. Every other option is SD15Adapter's."""
@@ -231,3 +285,13 @@ class TinySD3Adapter(SD3Adapter):
 
     def __init__(self, seed: int = 0, **kwargs: Any) -> None:
         super().__init__(tiny_sd3_pipeline(seed, with_t5=kwargs.get("use_t5", True)), **kwargs)
+
+
+class TinyFluxAdapter(FluxAdapter):
+    """:class:`FluxAdapter` over :func:`tiny_flux_pipeline` (32 px unless ``resolution`` says
+    otherwise; ``schnell`` for the -schnell shape). Every other option is FluxAdapter's."""
+
+    def __init__(self, seed: int = 0, *, schnell: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("resolution", 32)
+        kwargs.setdefault("max_sequence_length", 128)  # the tiny T5 tokenizer's limit
+        super().__init__(tiny_flux_pipeline(seed, schnell=schnell), **kwargs)
