@@ -51,3 +51,47 @@ def run_iterations(trainer: pl.Trainer) -> int | None:
         return min(limits)
     max_steps = trainer.max_steps
     return max_steps if max_steps is not None and max_steps > 0 else None
+
+
+class EveryNIterations(Callback):
+    """Base of the callbacks that draw something of the policy every ``every_n_steps`` training
+    iterations (:class:`~lit_treegrpo.callbacks.SampleGridLogger`, :class:`~lit_treegrpo.callbacks.TreeView`):
+    before the first iteration of a fit (``log_at_start``; a resumed run's included), before every
+    iteration whose index is a positive multiple of ``every_n_steps`` (= after that many completed
+    ones and their EMA updates, whatever the callback order) and at the end of training, never twice
+    at one iteration. Subclasses set ``every_n_steps``, ``log_at_start`` and ``last_logged`` and
+    implement :meth:`log_at`; ``last_logged`` is their checkpoint state."""
+
+    every_n_steps: int
+    log_at_start: bool
+    last_logged: int | None
+
+    def log_at(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Draw and log at the module's current iteration, and set ``last_logged`` to it."""
+        raise NotImplementedError
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.log_at_start and self.last_logged != pl_module.iteration:
+            self.log_at(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        n = pl_module.iteration
+        if n > 0 and n % self.every_n_steps == 0 and self.last_logged != n:
+            self.log_at(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.last_logged != pl_module.iteration:
+            self.log_at(trainer, pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_logged": self.last_logged}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_logged = state_dict["last_logged"]

@@ -24,7 +24,6 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
@@ -32,6 +31,7 @@ from ._tensorboard import TensorBoardWriters
 from ._video import add_gif, gif_bytes, strip_frames
 from .drawing import captioned_grid
 from .ema import EMA
+from .iterations import EveryNIterations
 
 DEFAULT_PROMPTS = ("a red circle", "a blue square", "a green triangle", "a photo of a cat")
 
@@ -58,7 +58,7 @@ def to_uint8_hwc(image: Tensor) -> Tensor:
     return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
 
 
-class SampleGridLogger(Callback):
+class SampleGridLogger(EveryNIterations):
     """Every ``every_n_steps`` training steps, sample ``prompts`` x ``seeds`` and log one grid.
 
     Grids are made before the first training step (``log_at_start``; on a resumed run, at the
@@ -212,33 +212,9 @@ class SampleGridLogger(Callback):
             if frames is not None:
                 (folder / f"step_{iteration:06d}.gif").write_bytes(gif_bytes(frames, self.fps))
 
-    # ------------------------------------------------------------------------ hooks
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.log_at_start and self.last_logged != pl_module.iteration:
-            self.log_grid(trainer, pl_module)
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        # before step n = after n completed steps and their EMA updates, whatever the callback order
-        n = pl_module.iteration
-        if n > 0 and n % self.every_n_steps == 0 and self.last_logged != n:
-            self.log_grid(trainer, pl_module)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.last_logged != pl_module.iteration:
-            self.log_grid(trainer, pl_module)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"last_logged": self.last_logged}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.last_logged = state_dict["last_logged"]
+    # ------------------------------------------------------------------------ hooks: EveryNIterations
+    def log_at(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.log_grid(trainer, pl_module)
 
 
 def _ema_for_grids(trainer: pl.Trainer) -> EMA | None:

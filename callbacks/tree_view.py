@@ -22,17 +22,18 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lit_treegrpo.core.pruning import prune
 from lit_treegrpo.core.rollout import rollout, root_noise
+from lit_treegrpo.core.seeding import generator as seeded
 
 from ._tensorboard import TensorBoardWriters
 from .drawing import draw_tree
+from .iterations import EveryNIterations
 
 
-class TreeView(Callback):
+class TreeView(EveryNIterations):
     """Every ``every_n_steps`` iterations, draw one prompt's rollout tree (see the module docstring).
 
     Args:
@@ -76,7 +77,7 @@ class TreeView(Callback):
         """Roll out, score, back up and prune one tree of :attr:`prompt` with the current weights."""
         adapter = pl_module.adapter
         spec = pl_module.tree.at(pl_module.iteration)
-        generator = torch.Generator(adapter.device).manual_seed(self.seed)
+        generator = seeded(self.seed, device=adapter.device)
         cond = adapter.encode_prompts([self.prompt])
         noise = root_noise(adapter.initial_noise, [generator], spec)  # [num_trees, *S]
         tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=[generator],
@@ -125,28 +126,6 @@ class TreeView(Callback):
             folder.mkdir(parents=True, exist_ok=True)
             picture.save(folder / f"tree_{iteration:06d}.png")
 
-    # ------------------------------------------------------------------------ hooks
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.log_at_start and self.last_logged != pl_module.iteration:
-            self.log_tree(trainer, pl_module)
-
-    @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:  # fmt: skip
-        n = pl_module.iteration  # before iteration n = after n completed ones, as the sample grid
-        if n > 0 and n % self.every_n_steps == 0 and self.last_logged != n:
-            self.log_tree(trainer, pl_module)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.last_logged != pl_module.iteration:
-            self.log_tree(trainer, pl_module)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"last_logged": self.last_logged}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.last_logged = state_dict["last_logged"]
+    # ------------------------------------------------------------------------ hooks: EveryNIterations
+    def log_at(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.log_tree(trainer, pl_module)
