@@ -1,7 +1,8 @@
 """Lightning callbacks of lit_treegrpo, installed as ``lit_treegrpo.callbacks``.
 
 - :class:`PruningSchedule`: BranchGRPO's width pruning for a fraction of training and sliding
-  depth window; sets ``pl_module.pruning`` before every step, a pure function of the iteration.
+  depth window, DanceGRPO's step fraction: hands the pure schedule (``core.PruningSchedule``) to the
+  module, which evaluates it each iteration; ``model.pruning`` is never overwritten.
 - :class:`EMA`: moving average of the trainable (LoRA) parameters only, swapped in for validation
   (and test / predict from a checkpoint) and sample grids.
 - :class:`SampleGridLogger`: fixed prompts x seeds, deterministic sampling, one TensorBoard grid
