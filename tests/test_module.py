@@ -435,23 +435,44 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
 
 
-def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
-    # tests/checkpoints/tiny_sd3_step2.ckpt: 2 steps (one prompt dropped for a NaN reward) written by
-    # the code before module.py was split (make_tiny_checkpoint.py). Resumed to step 4 it ends where
-    # an uninterrupted run of this code ends, bitwise, with the same fault counters.
+def _old_format_with_local_numbers(tmp_path: Path) -> tuple[dict, Path]:
+    """The committed pre-split checkpoint (its dict) and a copy of it whose weights are the same 2
+    steps computed on this machine: the old file's format with numbers this CPU's kernels give.
+    The committed weights are checked to be those up to kernel rounding (measured about 1e-4
+    relative between an AVX2 and an AVX-512 machine after 2 steps; the bound leaves room)."""
     from tests.checkpoints import make_tiny_checkpoint as made
 
-    committed = Path(made.__file__).with_name(made.NAME)
+    old = torch.load(Path(made.__file__).with_name(made.NAME), map_location="cpu", weights_only=True)
+    first = made.model()
+    made.trainer(tmp_path / "first", made.STEPS, enable_checkpointing=False).fit(first, made.data())
+    here = {n: p.detach().clone() for n, p in first.named_parameters() if p.requires_grad}
+    assert sorted(old["state_dict"]) == sorted(here)  # the same trainable tensors, by name
+    for name, value in old["state_dict"].items():
+        torch.testing.assert_close(value, here[name], rtol=1e-2, atol=1e-4)
+    transplanted = tmp_path / "old_format_local_numbers.ckpt"
+    torch.save({**old, "state_dict": here}, transplanted)
+    return old, transplanted
+
+
+def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
+    # tests/checkpoints/tiny_sd3_step2.ckpt: 2 steps (one prompt dropped for a NaN reward) written by
+    # the code before module.py was split (make_tiny_checkpoint.py). Its *format* must resume: the
+    # old file, with its old keys, fingerprint and counters, resumed to step 4, ends where an
+    # uninterrupted run of this code ends, bitwise. Its *numbers* were computed on another CPU, so
+    # the resume starts from the old file with this machine's numbers (_old_format_with_local_numbers).
+    from tests.checkpoints import make_tiny_checkpoint as made
+
+    old, transplanted = _old_format_with_local_numbers(tmp_path)
     full, resumed, log = made.model(), made.model(), _ParameterLog()
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
     made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False, callbacks=[log]).fit(
-        resumed, made.data(), ckpt_path=committed
+        resumed, made.data(), ckpt_path=transplanted
     )
     assert resumed.iteration == full.iteration == 4 and len(log.after) == 2  # steps 2 and 3 ran, resumed
     assert resumed.fault_counts == full.fault_counts and full.fault_counts["skipped_groups"] >= 1
     assert _same(list(resumed.adapter.trainable_parameters()), list(full.adapter.trainable_parameters()))
     # and this code writes the entry in the same format: the same keys, fingerprint and counters
-    saved = torch.load(committed, map_location="cpu", weights_only=True)["lit_treegrpo"]
+    saved = old["lit_treegrpo"]
     mine = {"state_dict": full.state_dict()}
     full.on_save_checkpoint(mine)
     assert list(mine["lit_treegrpo"]) == list(saved) == ["iteration", "fingerprint", "faults"]
@@ -470,7 +491,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
 
     from tests.checkpoints import make_tiny_checkpoint as made
 
-    committed = Path(made.__file__).with_name(made.NAME)
+    _, committed = _old_format_with_local_numbers(tmp_path)
     full, resumed = made.model(), made.model()
     resumed.rollout_limits = RolloutLimits(max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
