@@ -76,7 +76,7 @@ class TreeView(EveryNIterations):
     def grow(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """Roll out, score, back up and prune one tree of :attr:`prompt` with the current weights."""
         adapter = pl_module.adapter
-        spec = pl_module.tree.at(pl_module.iteration)
+        spec = pl_module.tree.at(pl_module.iteration, pl_module.seed)
         generator = seeded(self.seed, device=adapter.device)
         cond = adapter.encode_prompts([self.prompt])
         noise = root_noise(adapter.initial_noise, [generator], spec)  # [num_trees, *S]

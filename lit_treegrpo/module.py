@@ -29,6 +29,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from .core.advantages import tree_advantages
+from .core.compute import Compute, ComputeCost
 from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .core.pruning import PruningConfig, PruningSchedule, prune
 from .core.rollout import RolloutTree, root_noise, rollout, source_minibatches
@@ -77,7 +78,9 @@ class TreeGRPOModule(LightningModule):
             split into ``minibatches * accumulate`` micro-batches).
         inner_epochs: passes over the kept edges per rollout (PPO epochs; 1 in TreeGRPO).
         grad_clip: clip the gradient norm to this value (1.0 as the papers); null disables.
-        seed: seeds every rollout, together with the iteration and the prompt's position.
+        seed: seeds every rollout, together with the iteration and the prompt's position, and is added
+            to the seeds of the tree's window draws and the pruning schedule's step draws, so that
+            this one option varies a whole run (the benchmark's seed ``k``).
         val_seed: seed of the deterministic validation / test / predict samples.
         val_samples: samples per validation / test prompt (seeds ``val_seed``, ``val_seed + 1``,
             ...); with two or more, RewardMetrics also logs their within-prompt diversity.
@@ -85,6 +88,10 @@ class TreeGRPOModule(LightningModule):
         faults: what to do with NaN / inf rewards, a failing reward call, or a non-finite loss or
             gradient: stop (``error``, the default) or skip and count (``skip``).
         memory_guard: before the first batch is drawn, refuse a tree whose rollout cannot fit in memory.
+        compute_cost: the weights that turn a step's counted work (sampling, trained and reference
+            forwards, scored images) into compute units (``compute/*`` metrics; see
+            :mod:`lit_treegrpo.core.compute`): a trained forward with its backward is 3 sampling
+            forwards by default.
     """
 
     def __init__(
@@ -109,6 +116,7 @@ class TreeGRPOModule(LightningModule):
         reward_kwargs: dict[str, dict[str, Any]] | None = None,
         faults: FaultPolicy = FaultPolicy(),
         memory_guard: MemoryGuard = MemoryGuard(),
+        compute_cost: ComputeCost = ComputeCost(),
     ) -> None:
         super().__init__()
         check_settings(tree, minibatches=minibatches, accumulate=accumulate, inner_epochs=inner_epochs,
@@ -146,6 +154,8 @@ class TreeGRPOModule(LightningModule):
         self.rollout_guard = RolloutGuard(memory_guard, rollout.max_batch)  # checks once per fit, before the first batch
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
+        self.compute_cost = compute_cost
+        self.compute_spent = Compute()  # the run's counted work so far; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
 
@@ -209,7 +219,7 @@ class TreeGRPOModule(LightningModule):
         policy on the kept edges. Faults go through :attr:`fault_ledger`."""
         self._check_stream(batch)
         timer, ledger, prompts = PhaseTimer(self.adapter.device), self.fault_ledger, batch.prompts
-        spec = self.tree.at(self.iteration)
+        spec = self.tree.at(self.iteration, self.seed)
         first = self._first_position(batch)
         gens = self._generators(0, first, len(prompts))
         cond = self.adapter.encode_prompts(prompts)
@@ -238,7 +248,9 @@ class TreeGRPOModule(LightningModule):
         ledger.end_step(plan, update.steps, update.fault, self.iteration)
 
         self.iteration += 1
-        self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps)
+        spent = update.compute + Compute(sampling=tree.nfe, reward_images=len(leaf_prompts))
+        self.compute_spent = self.compute_spent + spent
+        self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps, spent)
         return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images)
 
     def _check_stream(self, batch: PromptBatch) -> None:
@@ -261,7 +273,7 @@ class TreeGRPOModule(LightningModule):
         if self.pruning_schedule is None:
             return self.pruning
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
-        return self.pruning_schedule.at(self.iteration, self.pruning_run_length, stochastic)
+        return self.pruning_schedule.at(self.iteration, self.pruning_run_length, stochastic, self.seed)
 
     def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
@@ -275,8 +287,9 @@ class TreeGRPOModule(LightningModule):
         warnings.warn(message, UserWarning, stacklevel=3)
 
     def _log_step(self, rewards: Tensor, tree: RolloutTree, keep: Tensor, advantages: Tensor, update: Update,
-                  num_prompts: int, laps: dict[str, float]) -> None:  # fmt: skip
-        metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration)
+                  num_prompts: int, laps: dict[str, float], spent: Compute) -> None:  # fmt: skip
+        metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration,
+                               spent, self.compute_spent, self.compute_cost)  # fmt: skip
         self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
         self.log_dict({**metrics.logged, "optimizer_steps": float(self.trainer.global_step)}, batch_size=num_prompts)
 
@@ -302,7 +315,8 @@ class TreeGRPOModule(LightningModule):
         optimizer = self.optimizers()
         shuffle = generator(self.seed, self.iteration, first_position + 1)
         totals: list[Any] = [0.0] * len(LossOutput._fields)
-        micro = forwards = steps = 0
+        micro = steps = 0
+        forwards = Compute()
         fault = None
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         num_updates = self._updates_per_epoch(keep)
@@ -350,13 +364,13 @@ class TreeGRPOModule(LightningModule):
 
     def _edge_loss(
         self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
-    ) -> tuple[Tensor, LossOutput, int]:
-        """Loss of one micro-batch of edges, its detached statistics and its model forwards (a
+    ) -> tuple[Tensor, LossOutput, Compute]:
+        """Loss of one micro-batch of edges, its detached statistics and its counted forwards (a
         zero loss on the parameters if it is empty, so every data-parallel rank runs the same
         backward passes)."""
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
-            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), 0
+            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), Compute()
         kl = self.loss_fn.kl_beta > 0
         # [B] |dt| of each edge's step, which only Flow-GRPO's KL form uses (a flow adapter: checked in __init__)
         step_size = self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
@@ -412,7 +426,7 @@ class TreeGRPOModule(LightningModule):
     # ------------------------------------------------------------------------ checkpoints
     def on_fit_start(self) -> None:
         self._sync_data_stream()
-        self.rollout_guard.before_data(self.adapter, self._datamodule(), self.tree.at(self.iteration),
+        self.rollout_guard.before_data(self.adapter, self._datamodule(), self.tree.at(self.iteration, self.seed),
                                        processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
 
     def _datamodule(self) -> Any:
@@ -437,6 +451,7 @@ class TreeGRPOModule(LightningModule):
             "iteration": self.iteration,
             "fingerprint": self._fingerprint(),
             "faults": self.fault_ledger.state_dict(),
+            "compute": self.compute_spent.as_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -447,4 +462,6 @@ class TreeGRPOModule(LightningModule):
         check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
+        # a checkpoint from before compute was counted starts the count at its iteration from 0
+        self.compute_spent = Compute(**saved.get("compute", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .core.compute import Compute, ComputeCost
 from .core.loss import LossOutput
 from .core.rollout import RolloutTree
 from .faults import Scored, Screened
@@ -40,12 +41,12 @@ class Update(NamedTuple):
     """What the policy-gradient updates of one training step did."""
 
     stats: LossOutput | None  # the loss statistics averaged over the micro-batches; None: no update ran
-    forwards: int  # model forwards of the log-prob recomputation (and of the KL reference)
+    compute: Compute  # forwards of the log-prob recomputation (trained) and of the KL reference
     steps: int  # optimizer steps taken
     fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
 
 
-NO_UPDATE = Update(None, 0, 0, None)  # a step that trained nothing
+NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing
 
 #: Lightning's logger connector pops a metric of this name and logs the others at its value: every
 #: scalar, image and text of a run is placed at the training iteration (what papers plot), never at
@@ -69,11 +70,17 @@ def step_metrics(
     fault_counts: Mapping[str, int],
     laps: Mapping[str, float],
     iteration: int,
+    compute: Compute,
+    compute_total: Compute,
+    cost: ComputeCost,
 ) -> StepMetrics:
     """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
     statistics, NFE, phase times (``time/<phase>_s``), the iteration (``iteration``: completed
     ones, this step included), the fault counters (``faults/*``) and, when an update ran, its loss
-    statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'.
+    statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
+    step's counted work and ``compute_total`` the run's so far, this step included: each kind as
+    ``compute/<kind>`` and their total in units under ``cost`` as ``compute/units`` (this step) and
+    ``compute/units_total`` (the run: the x-axis to compare methods on).
 
     ``step`` is not a scalar but the x-axis Lightning logs every metric of the step at
     (:data:`X_AXIS`): this step's index, ``iteration - 1``, the number of updates the weights that
@@ -89,6 +96,9 @@ def step_metrics(
         "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
         "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
         "nfe/rollout": float(tree.nfe),
+        **{f"compute/{kind}": float(value) for kind, value in compute.as_dict().items()},
+        "compute/units": compute.units(cost),
+        "compute/units_total": compute_total.units(cost),
         **{f"time/{phase}_s": seconds for phase, seconds in laps.items()},
         "iteration": float(iteration),
         X_AXIS: float(iteration - 1),
@@ -104,8 +114,8 @@ def step_metrics(
                 "train/ratio_mean": stats.ratio_mean,
                 "train/kl": stats.kl,
                 "train/policy_loss": stats.policy_loss,
-                "train/forwards": float(update.forwards),
-                "nfe/train": float(update.forwards),
+                "train/forwards": float(update.compute.trained + update.compute.reference),
+                "nfe/train": float(update.compute.trained + update.compute.reference),
             }
         )
     return StepMetrics(shown, logged)

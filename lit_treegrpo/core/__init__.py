@@ -7,8 +7,10 @@
 - :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
 - :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
+- :mod:`.compute`: :class:`Compute` (counted model work of a step) and :class:`ComputeCost` (units).
 """
 
+from .compute import Compute, ComputeCost
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
 from .loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .pruning import PruningConfig, PruningSchedule, prune
@@ -28,6 +30,8 @@ from .steps import StepOutput, ddim_step, flow_sde_step, gaussian_log_prob
 __all__ = [
     "METHODS",
     "ClippedPolicyLoss",
+    "Compute",
+    "ComputeCost",
     "EdgeLogProbs",
     "LossOutput",
     "PruningConfig",

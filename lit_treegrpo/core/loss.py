@@ -25,6 +25,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .compute import Compute
 from .rollout import PredictFn, RolloutTree, StepFn, recompute_log_probs
 
 Aggregation = Literal["sum", "mean"]
@@ -172,9 +173,9 @@ def edge_loss(
     *,
     reference: Callable[[], AbstractContextManager[Any]] | None = None,
     step_size: Tensor | None = None,
-) -> tuple[LossOutput, int]:
+) -> tuple[LossOutput, Compute]:
     """The loss of the recorded edges ``edges`` [B] (non-empty) under the current policy, and the
-    model forwards it took.
+    model forwards it took (``Compute.trained``: with grad, ``Compute.reference``: the KL's).
 
     The log-probs are recomputed with grad (:func:`~lit_treegrpo.core.rollout.recompute_log_probs`:
     one forward per distinct parent); with ``loss_fn.kl_beta > 0`` the reference means are
@@ -184,14 +185,14 @@ def edge_loss(
     """
     new = recompute_log_probs(predict, step, tree, edges, cond)
     ref_mean = None
-    forwards = new.num_forwards
+    reference_forwards = 0
     if loss_fn.kl_beta > 0:
         if reference is None:
             raise ValueError("kl_beta > 0 needs the reference model: pass reference=")
         with torch.no_grad(), reference():
             ref = recompute_log_probs(predict, step, tree, edges, cond)
         ref_mean = ref.step.mean  # [B, *S]
-        forwards += ref.num_forwards  # the reference's forwards are model evaluations too
+        reference_forwards = ref.num_forwards  # the reference's forwards are model evaluations too
     out = loss_fn(
         new.step.log_prob,
         tree.edge_old_log_prob[edges],
@@ -202,4 +203,4 @@ def edge_loss(
         std=new.step.std,
         step_size=step_size,
     )
-    return out, forwards
+    return out, Compute(trained=new.num_forwards, reference=reference_forwards)

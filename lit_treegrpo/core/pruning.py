@@ -224,7 +224,8 @@ class PruningSchedule:
     step_fraction: float = 1.0
     """Fraction of each iteration's stochastic steps trained (DanceGRPO: 0.6); 1.0 trains all."""
     seed: int = 0
-    """Seed of the ``step_fraction`` draws."""
+    """Seed of the ``step_fraction`` draws, added to the run's seed (:meth:`at`'s ``run_seed``,
+    the module's ``--model.seed``): one seed varies a whole run."""
 
     def __post_init__(self) -> None:
         name = "PruningSchedule"
@@ -286,17 +287,21 @@ class PruningSchedule:
             return lo if self.depth_stop is None else min(lo, self.depth_stop)
         return max(self.depth_start - moved, self.depth_stop or 0)
 
-    def steps_at(self, iteration: int, stochastic_steps: Sequence[int]) -> tuple[int, ...] | None:
+    def steps_at(self, iteration: int, stochastic_steps: Sequence[int], run_seed: int = 0) -> tuple[int, ...] | None:
         """The denoising steps trained at ``iteration`` (``None``: all), drawn from ``stochastic_steps``."""
         if self.step_fraction >= 1.0 or not stochastic_steps:
             return None
         n = math.ceil(self.step_fraction * len(stochastic_steps) - 1e-9)
-        chosen = torch.randperm(len(stochastic_steps), generator=generator(self.seed, iteration))[:n]
+        gen = generator(self.seed + run_seed, iteration)
+        chosen = torch.randperm(len(stochastic_steps), generator=gen)[:n]
         return tuple(stochastic_steps[i] for i in chosen.sort().values.tolist())
 
-    def at(self, iteration: int, max_steps: int | None, stochastic_steps: Sequence[int] = ()) -> PruningConfig:
+    def at(
+        self, iteration: int, max_steps: int | None, stochastic_steps: Sequence[int] = (), run_seed: int = 0
+    ) -> PruningConfig:
         """The pruning of training step ``iteration`` (0-based) of a run of ``max_steps`` steps
-        whose tree samples ``stochastic_steps`` at that iteration (needed by ``step_fraction``)."""
+        whose tree samples ``stochastic_steps`` at that iteration (needed by ``step_fraction``, whose
+        draws are seeded by ``seed + run_seed``)."""
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
         width_steps = self.width_steps(max_steps)
@@ -311,5 +316,5 @@ class PruningSchedule:
             ratio=self.ratio,
             depth_window=window,
             depth_mode=self.depth_mode,
-            steps=self.steps_at(iteration, stochastic_steps),
+            steps=self.steps_at(iteration, stochastic_steps, run_seed),
         )

@@ -66,7 +66,8 @@ class WindowSchedule:
     ratio: float = 0.5
     """Ratio ``r`` of the truncated geometric law (``geometric``); 1.0 is uniform."""
     seed: int = 0
-    """Seed of the ``geometric`` draws."""
+    """Seed of the ``geometric`` draws, added to the run's seed (``TreeSpec.at``'s ``run_seed``,
+    the module's ``--model.seed``): one seed varies a whole run."""
     roll_back: bool = False
     """``progressive`` only: once the window would move past ``max_offset``, start again at
     ``start`` (MixGRPO's ``roll_back``, ``fastvideo/utils/grpo_states.py``) instead of staying at
@@ -93,8 +94,9 @@ class WindowSchedule:
                 "'shifting' already wraps around)"
             )
 
-    def offset(self, step: int, max_offset: int) -> int:
-        """Window offset at training ``step``, in ``0 .. max_offset``."""
+    def offset(self, step: int, max_offset: int, run_seed: int = 0) -> int:
+        """Window offset at training ``step``, in ``0 .. max_offset`` (``geometric`` draws are
+        seeded by ``seed + run_seed``)."""
         if step < 0:
             raise ValueError(f"training step must be >= 0, got {step}")
         if max_offset < 0:
@@ -116,7 +118,7 @@ class WindowSchedule:
                 return self.start + self.shift * ((step // self.every) % positions)
             return min(moved, max_offset)
         # geometric: a generator seeded from (seed, step) alone, independent of any global RNG.
-        gen = generator(self.seed, step)
+        gen = generator(self.seed + run_seed, step)
         probs = torch.tensor([self.ratio**i for i in range(max_offset + 1)], dtype=torch.float64)
         return int(torch.multinomial(probs, 1, generator=gen))
 
@@ -301,11 +303,12 @@ class TreeSpec:
             )
         return self.num_steps - 1 - self.ode_tail - steps[-1]  # >= 0: the tail stays deterministic
 
-    def at(self, step: int) -> TreeSpec:
-        """The spec in force at training ``step`` (``self`` when there is no window schedule)."""
+    def at(self, step: int, run_seed: int = 0) -> TreeSpec:
+        """The spec in force at training ``step`` of the run seeded ``run_seed`` (``self`` when there
+        is no window schedule)."""
         if self.window is None:
             return self
-        offset = self.window.offset(step, self._window_max_offset())
+        offset = self.window.offset(step, self._window_max_offset(), run_seed)
         if self.window.target == "branch":
             branch = tuple(s + offset for s in self.branch_steps)
             sde = tuple(s for s in self.sde_steps if s not in branch)

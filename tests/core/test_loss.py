@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from lit_treegrpo.core.compute import Compute
 from lit_treegrpo.core.loss import ClippedPolicyLoss, edge_loss
 from lit_treegrpo.core.rollout import recompute_log_probs, rollout
 from lit_treegrpo.core.spec import TreeSpec
@@ -151,7 +152,7 @@ def test_edge_loss_recomputes_the_edges_and_counts_the_reference_forwards() -> N
     out, forwards = edge_loss(ClippedPolicyLoss(), model.predict, model.step, tree, kids, cond, advantages)
     # the sampling policy itself: ratio exactly 1, so each edge's loss is -A; aggregation "sum" over
     # the one group (the parent), mean over groups: -(A_1 + A_2). One forward serves both children.
-    assert forwards == 1 and model.calls == [1] and kids.numel() == 2
+    assert forwards == Compute(trained=1) and model.calls == [1] and kids.numel() == 2
     assert out.ratio_mean == 1.0 and out.kl == 0.0
     torch.testing.assert_close(out.loss, -advantages[kids].sum(), rtol=0, atol=1e-6)
 
@@ -166,7 +167,8 @@ def test_edge_loss_recomputes_the_edges_and_counts_the_reference_forwards() -> N
     kl_loss = ClippedPolicyLoss(kl_beta=0.5)
     model.calls.clear()
     out, forwards = edge_loss(kl_loss, model.predict, model.step, tree, kids, cond, advantages, reference=reference)
-    assert forwards == 2 and model.calls == [1, 1] and model.a == 0.1  # the reference's forward counts
+    # the reference's forward counts, apart from the trained one
+    assert forwards == Compute(trained=1, reference=1) and model.calls == [1, 1] and model.a == 0.1
     new = recompute_log_probs(model.predict, model.step, tree, kids, cond)
     with reference():
         ref = recompute_log_probs(model.predict, model.step, tree, kids, cond)

@@ -1,0 +1,11 @@
+"""The method comparison, one job per file (``benchmarks/compare_methods.py`` is the entry):
+
+- :mod:`.methods`: the method table -- which presets (``configs/methods/*.yaml``) are compared, their
+  learning-rate grids, and how one run's configuration is built from the task config, the preset
+  and the run's learning rate and seed, through the same command-line parser ``fit`` uses;
+- :mod:`.runs`: one run trained to its compute budget, its held-out curve recorded, cached on disk;
+  the job queue that several processes share;
+- :mod:`.stats`: bootstrap confidence intervals, paired differences, interpolation on the compute
+  axis, area under the curve, compute to a target with censoring (pure Python);
+- :mod:`.report`: the sweep's choice, ``results.json``, the plots and the Markdown tables.
+"""

@@ -1,0 +1,132 @@
+"""The compared methods: one preset each in ``configs/methods/`` (the only place a method is
+written), composed with the Shapes task config exactly as a user composes them::
+
+    python -m lit_treegrpo fit --config configs/shapes.yaml --config configs/methods/mixgrpo.yaml
+
+:func:`run_args` is that command line plus the run's learning rate and seed; :func:`build` parses
+it with the project's own CLI (:class:`~lit_treegrpo.cli.TreeGRPOCLI`), so the module, the data and
+the training callbacks the benchmark trains are the ones ``fit`` would train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = REPO / "configs" / "methods"
+TASK = REPO / "configs" / "shapes.yaml"
+
+HEADLINE = ("treegrpo", "mixgrpo", "dancegrpo", "flowgrpo", "branchgrpo")
+"""The five methods reported at 10 seeds each, paired by seed."""
+VARIANTS = ("treegrpo_softmax", "branchgrpo_pruned", "branchgrpo_mix")
+"""Variants of a headline method, run at that method's chosen rate (not swept on their own)."""
+VARIANT_OF = {"treegrpo_softmax": "treegrpo", "branchgrpo_pruned": "branchgrpo", "branchgrpo_mix": "branchgrpo"}
+FLAT = ("dancegrpo", "flowgrpo", "mixgrpo")
+"""The flat baselines (independent chains, no shared prefix)."""
+
+# Learning-rate grids (AdamW on the rank-16 LoRA): three rates 3x apart for every method, centred
+# where the 40k-NFE sweep of the earlier protocol put each method's stable rates. BranchGRPO steps
+# once per 12 trained edges (tens of optimizer steps per rollout), hence its lower grid. A grid
+# whose best rate lies at an edge is moved one step that way (:func:`shifted_grid`).
+GRIDS: dict[str, tuple[float, ...]] = {
+    "treegrpo": (1e-4, 3e-4, 1e-3),
+    "mixgrpo": (1e-4, 3e-4, 1e-3),
+    "dancegrpo": (1e-4, 3e-4, 1e-3),
+    "flowgrpo": (3e-4, 1e-3, 3e-3),
+    "branchgrpo": (3e-5, 1e-4, 3e-4),
+}
+GRID_STEP = 3.0  # ratio between neighbouring rates
+
+# Observers never change what trains (tests/callbacks/test_integration.py checks grids, tree views
+# and EMA against a run without them); the benchmark leaves them out, and refuses any other
+# callback it does not know, so that nothing that changes training is dropped silently.
+TRAINING_CALLBACKS = ("PruningSchedule",)
+OBSERVER_CALLBACKS = ("RewardMetrics", "SampleGridLogger", "TreeView", "EMA", "SampleDiversity", "ModelCheckpoint")
+
+
+def method_names() -> list[str]:
+    """Every preset in ``configs/methods`` (sorted)."""
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def preset(name: str) -> Path:
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown method {name!r}: no {path}; choose from {', '.join(method_names())}")
+    return path
+
+
+def preset_digest(name: str) -> str:
+    """sha256 of the preset file: a cached run of an edited preset is trained again."""
+    return hashlib.sha256(preset(name).read_bytes()).hexdigest()
+
+
+def description(name: str) -> str:
+    """The preset's header comment, as one paragraph (its first block of comment lines)."""
+    lines = []
+    for line in preset(name).read_text().splitlines():
+        if not line.startswith("#") or line.strip() == "#":
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    return " ".join(lines)
+
+
+def shifted_grid(grid: tuple[float, ...], best: float) -> tuple[float, ...] | None:
+    """The grid moved one step towards ``best`` when ``best`` is at an edge (``None``: inside)."""
+    if best == grid[0]:
+        return (grid[0] / GRID_STEP, *grid[:-1])
+    if best == grid[-1]:
+        return (*grid[1:], grid[-1] * GRID_STEP)
+    return None
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the comparison."""
+
+    method: str
+    lr: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}_lr{self.lr:g}_seed{self.seed}"
+
+
+def run_args(spec: RunSpec, task: Path = TASK) -> list[str]:
+    """The ``fit`` arguments of ``spec``: the task config, the method's preset, and the run's rate
+    and seed (``--model.seed`` seeds the rollouts, the window and the pruning draws alike; the
+    held-out split and the prompt order stay the task's, the same for every method and seed)."""
+    return [
+        "--config", str(task),
+        "--config", str(preset(spec.method)),
+        "--model.optimizer.init_args.lr", repr(spec.lr),
+        "--model.seed", str(spec.seed),
+        "--seed_everything", str(spec.seed),
+    ]  # fmt: skip
+
+
+def build(spec: RunSpec, root: Path, task: Path = TASK) -> tuple[Any, Any, list[Any], dict[str, Any]]:
+    """The module, data module and training callbacks of ``spec``, parsed and instantiated by the
+    project's CLI from :func:`run_args`; and the resolved configuration (for the run's record)."""
+    from lit_treegrpo.cli import TreeGRPOCLI
+
+    args = [*run_args(spec, task), "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+            "--trainer.default_root_dir", str(root)]  # fmt: skip
+    cli = TreeGRPOCLI(args=args, run=False)
+    callbacks = []
+    # the configs' own callbacks come first in the Trainer's list (the CLI appends its run-folder ones)
+    configured = len(cli.config["trainer"].get("callbacks") or [])
+    for callback in (cli.config_init["trainer"].get("callbacks") or [])[:configured]:
+        kind = type(callback).__name__
+        if kind in TRAINING_CALLBACKS:
+            callbacks.append(callback)
+        elif kind not in OBSERVER_CALLBACKS:
+            raise ValueError(f"{preset(spec.method)} or {task} adds the callback {kind}, which the benchmark does not "
+                             "know: list it in benchmarks/compare/methods.py as training or observer")  # fmt: skip
+    config = json.loads(cli.parser.dump(cli.config, format="json", skip_none=False))
+    return cli.model, cli.datamodule, callbacks, {"args": args, "config": config}

@@ -1,0 +1,110 @@
+"""The protocol's order of work, fixed before any run: tune each headline method on the sweep seeds,
+choose its rate by the stated rule, fix the targets from the sweep seeds, then train the reported
+seeds at the chosen rates.
+
+- Sweep: every rate of the method's grid (:data:`~.methods.GRIDS`) on :data:`SWEEP_SEEDS`, at the
+  report's budget. The rate with the best :func:`~.stats.selection_score` (mean minus one sd of
+  the runs' plateaus) is chosen; when it is at an edge of the grid, the grid moves one step that
+  way and the new rate is trained too, until the choice is inside (the grid stays three rates).
+- Targets, from the sweep seeds only: the plateau (mean over the sweep seeds of the mean of the last
+  three evaluations) of the best flat baseline at its chosen rate, and DanceGRPO's.
+- Reported: :data:`REPORT_SEEDS` for each headline method at its chosen rate; the variants
+  (:data:`~.methods.VARIANTS`) at their headline method's rate on :data:`VARIANT_SEEDS`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from . import stats
+from .methods import FLAT, GRIDS, HEADLINE, VARIANT_OF, VARIANTS, RunSpec, shifted_grid
+from .runs import Run, RunCache
+
+SWEEP_SEEDS = (100, 101, 102)
+REPORT_SEEDS = tuple(range(10))
+VARIANT_SEEDS = tuple(range(5))
+
+
+def curve(run: Run) -> list[tuple[float, float]]:
+    return [(p["units"], p["reward"]) for p in run.curve]
+
+
+@dataclass
+class Sweep:
+    """One method's sweep as far as it has run."""
+
+    method: str
+    grids: list[tuple[float, ...]]  # the grid, then each shift of it
+    rates: dict[float, list[float | None]]  # rate -> each sweep seed's plateau (None: not run yet)
+    chosen: float | None  # None until the final grid is complete
+
+    @property
+    def grid(self) -> tuple[float, ...]:
+        return self.grids[-1]
+
+    def score(self, lr: float) -> float | None:
+        plateaus = self.rates[lr]
+        return None if None in plateaus else stats.selection_score(plateaus)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "grid": list(self.grid),
+            "explored": sorted(self.rates),
+            "plateaus": {f"{lr:g}": v for lr, v in sorted(self.rates.items())},
+            "scores": {f"{lr:g}": self.score(lr) for lr in sorted(self.rates)},
+            "chosen_lr": self.chosen,
+            "seeds": list(SWEEP_SEEDS),
+        }
+
+
+def sweep_of(cache: RunCache, method: str) -> Sweep:
+    grids = [GRIDS[method]]
+    rates: dict[float, list[float | None]] = {}
+    while True:
+        for lr in grids[-1]:
+            if lr not in rates:
+                runs = [cache.load(RunSpec(method, lr, s)) for s in SWEEP_SEEDS]
+                rates[lr] = [None if r is None else stats.plateau(curve(r)) for r in runs]
+        sweep = Sweep(method, grids, rates, None)
+        scores = {lr: sweep.score(lr) for lr in grids[-1]}
+        if None in scores.values():
+            return sweep
+        best = max(scores, key=lambda lr: scores[lr])  # type: ignore[arg-type]
+        moved = shifted_grid(grids[-1], best)
+        if moved is None:
+            sweep.chosen = best
+            return sweep
+        grids.append(moved)
+
+
+def targets(sweeps: dict[str, Sweep], cache: RunCache) -> dict[str, Any] | None:
+    """The targets fixed from the sweep seeds (None until every headline sweep is complete)."""
+    if any(sweeps[m].chosen is None for m in HEADLINE):
+        return None
+    plateaus = {}
+    for m in HEADLINE:
+        values = sweeps[m].rates[sweeps[m].chosen]  # type: ignore[index]
+        plateaus[m] = statistics.fmean(values)  # type: ignore[arg-type]
+    best_flat = max(FLAT, key=plateaus.__getitem__)
+    return {
+        "best_flat": {"method": best_flat, "reward": plateaus[best_flat]},
+        "dancegrpo": {"method": "dancegrpo", "reward": plateaus["dancegrpo"]},
+        "sweep_plateaus": plateaus,
+    }
+
+
+def jobs(cache: RunCache, *, variants: bool = True) -> list[RunSpec]:
+    """Every run the protocol needs now, in the order to train them (sweeps first)."""
+    sweeps = {m: sweep_of(cache, m) for m in HEADLINE}
+    out = [RunSpec(m, lr, s) for m in HEADLINE for lr in sweeps[m].grid for s in SWEEP_SEEDS]
+    for seed in REPORT_SEEDS:  # seed-major: every method's seed k before seed k + 1
+        out += [RunSpec(m, sweeps[m].chosen, seed) for m in HEADLINE if sweeps[m].chosen is not None]
+    if variants:
+        for seed in VARIANT_SEEDS:
+            for v in VARIANTS:
+                lr = sweeps[VARIANT_OF[v]].chosen
+                if lr is not None:
+                    out.append(RunSpec(v, lr, seed))
+    return out

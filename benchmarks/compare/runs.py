@@ -1,0 +1,222 @@
+"""One run of the comparison, trained until it has spent its compute budget, and the on-disk cache
+and job queue that let several processes share the runs and an interrupted benchmark resume.
+
+A run's record (``<out>/runs/<method>_lr<lr>_seed<seed>.json``) holds every iteration's counted
+work (the module's own ``compute/*`` metrics), phase times and training reward, and the held-out
+curve: the mean ShapesReward of deterministic samples of the held-out prompts (never trained on) x
+the evaluation seeds, the same noises for every method, at iteration 0 and each time the run's
+compute crosses a multiple of ``budget / evaluations``, and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .methods import RunSpec, build, preset_digest
+
+COMPUTE_KINDS = ("sampling", "trained", "reference", "reward_images")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What makes runs comparable; a cached run with another protocol is trained again."""
+
+    budget: float = 300_000.0
+    """Compute units per run (module's ``compute/units_total``)."""
+    evaluations: int = 10
+    """Held-out evaluations spread over the budget (besides the one at iteration 0)."""
+    eval_seeds: int = 8
+    """Samples per held-out prompt (seeds 0 .. eval_seeds - 1)."""
+    batch_size: int = 8
+    """Prompts per iteration (configs/shapes.yaml's)."""
+    max_iterations: int = 100_000
+    """Safety cap on iterations per run."""
+
+
+@dataclass
+class Run:
+    """What one run recorded."""
+
+    iterations: list[dict[str, float]] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+
+class Recorder:
+    """Records each training step, evaluates on the held-out prompts, stops the run at its budget."""
+
+    def __init__(self, module: Any, prompts: list[str], protocol: Protocol) -> None:
+        import lightning.pytorch as pl
+
+        self.module, self.prompts, self.protocol = module, prompts, protocol
+        self.run = Run()
+        self.next_eval = protocol.budget / protocol.evaluations
+        self.seconds = 0.0
+        recorder = self
+
+        class _Callback(pl.Callback):
+            def on_train_start(self, trainer, pl_module):
+                recorder.evaluate()
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                recorder.step(trainer)
+
+        self.callback = _Callback()
+
+    def step(self, trainer: Any) -> None:
+        m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        laps = {k: m[f"time/{k}_s"] for k in ("rollout", "reward", "advantages", "train")}
+        self.seconds += sum(laps.values())
+        record = {
+            **{k: m[f"compute/{k}"] for k in COMPUTE_KINDS},
+            "units": m["compute/units"],
+            "units_total": m["compute/units_total"],
+            **{f"{k}_s": v for k, v in laps.items()},
+            "reward": m.get("reward", math.nan),
+            "loss": m.get("loss", math.nan),
+            "optimizer_steps": m["optimizer_steps"],
+        }
+        self.run.iterations.append(record)
+        done = record["units_total"] >= self.protocol.budget or len(self.run.iterations) >= self.protocol.max_iterations
+        if record["units_total"] >= self.next_eval or done:
+            self.evaluate()
+            while self.next_eval <= record["units_total"]:
+                self.next_eval += self.protocol.budget / self.protocol.evaluations
+        if done:
+            trainer.should_stop = True
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        from lit_treegrpo.rewards import ShapesReward
+
+        seeds = range(self.protocol.eval_seeds)
+        images = torch.cat([self.module.sample(self.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
+        scores = ShapesReward()(images, self.prompts * len(seeds)).view(len(seeds), len(self.prompts))  # [S, P]
+        per_seed = scores.mean(dim=1)  # [S] each evaluation seed's mean over the prompts
+        reward = float(scores.mean())
+        last = self.run.iterations[-1] if self.run.iterations else None
+        totals = {k: sum(i[k] for i in self.run.iterations) for k in COMPUTE_KINDS}
+        self.run.curve.append({
+            "iteration": len(self.run.iterations),
+            "units": last["units_total"] if last else 0.0,
+            "sampling_nfe": totals["sampling"],
+            **{f"{k}_total": v for k, v in totals.items() if k != "sampling"},
+            "optimizer_steps": last["optimizer_steps"] if last else 0.0,
+            "seconds": self.seconds,
+            "reward": reward,
+            # the evaluation's own noise: how much re-drawing the evaluation seeds would move `reward`
+            "reward_se": float(per_seed.std() / len(seeds) ** 0.5) if len(seeds) > 1 else 0.0,
+            "reward_per_seed": per_seed.tolist(),
+        })  # fmt: skip
+
+
+def train(spec: RunSpec, protocol: Protocol) -> tuple[Run, dict[str, Any]]:
+    """Train ``spec`` from the shipped weights until it has spent ``protocol.budget`` units."""
+    from lightning.pytorch import Trainer
+
+    with tempfile.TemporaryDirectory() as root:
+        module, data, callbacks, record = build(spec, Path(root))
+        if data.batch_size != protocol.batch_size:
+            raise ValueError(f"the task config's batch size is {data.batch_size}, the protocol's {protocol.batch_size}")
+        data.setup("fit")
+        recorder = Recorder(module, list(data.val_set.prompts), protocol)
+        trainer = Trainer(
+            accelerator="cpu", devices=1, max_steps=-1, limit_val_batches=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[*callbacks, recorder.callback],
+        )  # fmt: skip
+        trainer.fit(module, data)
+    return recorder.run, record
+
+
+class RunCache:
+    """Finished runs under ``<out>/runs``, and claims that keep two processes off the same run."""
+
+    def __init__(self, out: Path, protocol: Protocol) -> None:
+        self.folder = out / "runs"
+        self.protocol = protocol
+
+    def path(self, spec: RunSpec) -> Path:
+        return self.folder / f"{spec.key}.json"
+
+    def identity(self, spec: RunSpec) -> dict[str, Any]:
+        return {"protocol": asdict(self.protocol), "preset_sha256": preset_digest(spec.method)}
+
+    def load(self, spec: RunSpec) -> Run | None:
+        path = self.path(spec)
+        if not path.is_file():
+            return None
+        saved = json.loads(path.read_text())
+        if saved.get("identity") != self.identity(spec):
+            return None
+        return Run(saved["iterations"], saved["curve"])
+
+    def get(self, spec: RunSpec, *, train_missing: bool = True) -> Run | None:
+        """The cached run, or (``train_missing``) a new one trained now and saved."""
+        run = self.load(spec)
+        if run is not None or not train_missing:
+            return run
+        started = time.perf_counter()
+        run, record = train(spec, self.protocol)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({
+            "identity": self.identity(spec), "spec": asdict(spec), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "seconds": time.perf_counter() - started, **record,
+            "iterations": run.iterations, "curve": run.curve,
+        }))  # fmt: skip
+        tmp.replace(self.path(spec))  # never a half-written record
+        first, last = run.curve[0], run.curve[-1]
+        print(f"{spec.key}: {len(run.iterations)} iterations, {last['units']:.0f} units, held-out reward "
+              f"{first['reward']:.3f} -> {last['reward']:.3f} in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+        return run
+
+    def claim(self, spec: RunSpec) -> bool:
+        """Take ``spec`` for this process (False: done, or another live process has it)."""
+        if self.load(spec) is not None:
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        claim = self.path(spec).with_suffix(".claim")
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(claim.read_text() or 0)
+                os.kill(pid, 0)  # the claimer lives: leave it
+                return False
+            except (ValueError, ProcessLookupError):
+                claim.unlink(missing_ok=True)  # a dead process's claim
+                return self.claim(spec)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+
+    def release(self, spec: RunSpec) -> None:
+        """Drop this process's claim on ``spec`` (never another process's)."""
+        claim = self.path(spec).with_suffix(".claim")
+        try:
+            mine = claim.read_text() == str(os.getpid())
+        except FileNotFoundError:
+            return
+        if mine:
+            claim.unlink(missing_ok=True)
+
+    def work(self, specs: Iterable[RunSpec]) -> Iterator[RunSpec]:
+        """Train each of ``specs`` that no other process has taken; yields the specs it trained."""
+        for spec in specs:
+            if not self.claim(spec):
+                continue
+            try:
+                self.get(spec)
+            finally:
+                self.release(spec)
+            yield spec
