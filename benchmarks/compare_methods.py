@@ -17,52 +17,109 @@ trains. The protocol (docs/benchmarks.md) is fixed in code before any run:
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import plan  # noqa: E402
-from compare.runs import Protocol, RunCache  # noqa: E402
+from compare import plan, report  # noqa: E402
+from compare.methods import VARIANT_OF, RunSpec  # noqa: E402
+from compare.runs import RunCache, timing  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="folder of runs/, results.json and the plots")
-    mode = p.add_mutually_exclusive_group(required=True)
+    mode = p.add_mutually_exclusive_group()
     mode.add_argument("--work", action="store_true", help="train every run the protocol needs (sweep first), "
                       "skipping runs that are cached or that another process is training")  # fmt: skip
     mode.add_argument("--report", action="store_true", help="statistics, results.json, plots and tables from the cached runs")
     mode.add_argument("--timing", action="store_true", help="seconds per compute unit of each method, side by side")
-    mode.add_argument("--quick", action="store_true", help="a small protocol end to end (same schema): < 10 min on 2 cores")
+    p.add_argument("--quick", action="store_true", help="the small protocol (plan.QUICK: 15k units, 1 rate, 1 sweep "
+                   "seed, 2 reported seeds, no variants); alone, it runs work, timing and report (same schema): "
+                   "< 10 min on 2 cores")  # fmt: skip
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the protocol's)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not (args.work or args.report or args.timing):
+        if not args.quick:
+            p.error("choose --work, --report or --timing (or --quick for all three on the small protocol)")
+        args.work = args.timing = args.report = True
+    return args
 
 
-def work(cache: RunCache, variants: bool) -> None:
+def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: float = 30.0) -> None:
     """Train what the plan needs until nothing is left; wait while other processes hold the rest."""
     while True:
-        pending = [s for s in plan.jobs(cache, variants=variants) if cache.load(s) is None]
+        pending = [s for s in plan.jobs(cache, design, variants=variants) if cache.load(s) is None]
         if not pending:
             print("nothing left to train", flush=True)
             return
         if next(cache.work(pending), None) is None:  # all pending runs are another process's
-            time.sleep(30)
+            time.sleep(poll)
 
 
-def main(argv: list[str] | None = None) -> None:
+def timed(cache: RunCache, design: plan.Design, rounds: int, iterations: int) -> dict[str, Any]:
+    """Seconds per unit of every reported method at its chosen rate (seed 0), with the environment."""
+    sweeps = plan.sweeps_of(cache, design)
+    chosen = {m: s.chosen for m, s in sweeps.items()}
+    chosen.update({v: chosen[VARIANT_OF[v]] for v in design.variants})
+    missing = [m for m, lr in chosen.items() if lr is None]
+    if missing:
+        raise SystemExit(f"--timing needs the chosen rates; the sweep of {', '.join(missing)} is not complete")
+    result = timing([RunSpec(m, lr, 0) for m, lr in chosen.items()], rounds=rounds, iterations=iterations)
+    return {**result, "environment": report.environment()}
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN / inf float replaced by None (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def write_report(cache: RunCache, design: plan.Design, out: Path) -> dict[str, Any]:
+    saved = out / "timing.json"
+    results = report.summarise(cache, design, json.loads(saved.read_text()) if saved.is_file() else None)
+    (out / "results.json").write_text(json.dumps(finite(results), indent=1, allow_nan=False))
+    for path in report.plots(results, out) if results["methods"] else []:
+        print(f"wrote {path}")
+    results = json.loads((out / "results.json").read_text())  # the tables format what the file holds
+    text = report.tables(results)
+    (out / "report.md").write_text(text + "\n")
+    print(f"wrote {out / 'results.json'} and {out / 'report.md'}\n\n{text}")
+    if results["missing"]:
+        print("\nnot complete: " + "; ".join(results["missing"]))
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
     args.out.mkdir(parents=True, exist_ok=True)
+    design = plan.QUICK if args.quick else plan.FULL
+    cache = RunCache(args.out, design.protocol)
     if args.work:
-        work(RunCache(args.out, Protocol()), variants=not args.no_variants)
+        work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0)
+    if args.timing:
+        rounds, iterations = (1, 1) if args.quick else (3, 3)
+        (args.out / "timing.json").write_text(json.dumps(timed(cache, design, rounds, iterations), indent=1))
+    if args.report:
+        return write_report(cache, design, args.out)
+    return None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """TreeGRPOModule: one training step = grow the tree, score the leaves, back up advantages, prune,
 and run clipped policy-gradient updates on the kept edges (manual optimization).
 
-Every method of the papers is a configuration of this one module (see configs/): flat GRPO
+Every method of the papers is a configuration of this one module (each a preset in configs/methods/): flat GRPO
 (DanceGRPO, Flow-GRPO) is a tree with ``num_trees = G`` chains, MixGRPO adds an SDE window,
 TreeGRPO branches inside a window, BranchGRPO splits at fixed steps with fusion advantages and
 pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue.
@@ -57,8 +57,8 @@ class TreeGRPOModule(LightningModule):
             ``jpeg_incompressibility``, ``brightness``, ``shapes``; videos: ``frame_average``,
             ``temporal_consistency``, ``video_model``), a mapping name -> weight for a MultiReward
             (normalised per prompt, then weighted, as TreeGRPO), or a RewardModel.
-        tree: the rollout tree per prompt and how its roots share noise (``configs/trees/*.yaml``
-            hold every method's).
+        tree: the rollout tree per prompt and how its roots share noise (``configs/methods/*.yaml``
+            hold every compared method's).
         rollout: how a rollout runs within memory (nodes per model call, a cap on leaves); a
             resumed run may change it.
         advantage: advantage estimator settings.

@@ -22,7 +22,8 @@ from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRETRAIN = CONFIGS / "shapes_pretrain.yaml"  # the Shapes model's own pre-training CLI
-RUN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "trees" and p != PRETRAIN)
+METHODS = sorted((CONFIGS / "methods").glob("*.yaml"))  # presets, composed with a model and task config
+RUN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "methods" and p != PRETRAIN)
 
 
 @pytest.fixture
@@ -67,7 +68,25 @@ def test_every_run_config_is_covered() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in RUN_CONFIGS}
     assert {"tiny.yaml", "shapes.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml", "wan.yaml", "tiny_wan.yaml",
             "flux.yaml", "tiny_flux.yaml"} <= names
-    assert {f"baselines/{m}.yaml" for m in ("dancegrpo", "flowgrpo", "mixgrpo", "branchgrpo")} <= names
+    assert {p.stem for p in METHODS} == {"treegrpo", "treegrpo_softmax", "branchgrpo", "branchgrpo_pruned",
+                                         "branchgrpo_mix", "dancegrpo", "flowgrpo", "mixgrpo"}  # fmt: skip
+
+
+@pytest.mark.parametrize("base", ["shapes.yaml", "sd35.yaml"])
+@pytest.mark.parametrize("method", METHODS, ids=lambda p: p.stem)
+def test_a_method_preset_composes_with_a_model_config(base: str, method: Path, offline_weights, tmp_path: Path) -> None:
+    # fit --config configs/<base> --config configs/methods/<method>.yaml: the preset's method on that model
+    import yaml
+
+    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    cli = TreeGRPOCLI(args=["--config", str(CONFIGS / base), "--config", str(method), *cpu,
+                            "--trainer.default_root_dir", str(tmp_path)], run=False)  # fmt: skip
+    preset = yaml.safe_load(method.read_text())["model"]
+    assert cli.model.tree.num_trees == preset["tree"]["num_trees"] and cli.model.minibatches == preset["minibatches"]
+    assert cli.model.adapter.dynamics == preset["adapter"]["init_args"]["dynamics"]
+    assert cli.model.loss_fn.clip_low == preset["loss"]["init_args"]["clip_range"]
+    schedules = [c for c in cli.trainer.callbacks if type(c).__name__ == "PruningSchedule"]
+    assert len(schedules) == ("callbacks+" in method.read_text())
 
 
 @pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))

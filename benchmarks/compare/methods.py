@@ -11,6 +11,7 @@ the training callbacks the benchmark trains are the ones ``fit`` would train.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ FLAT = ("dancegrpo", "flowgrpo", "mixgrpo")
 # Learning-rate grids (AdamW on the rank-16 LoRA): three rates 3x apart for every method, centred
 # where the 40k-NFE sweep of the earlier protocol put each method's stable rates. BranchGRPO steps
 # once per 12 trained edges (tens of optimizer steps per rollout), hence its lower grid. A grid
-# whose best rate lies at an edge is moved one step that way (:func:`shifted_grid`).
+# whose best rate lies at an edge is moved one step of the series that way (:func:`shifted_grid`).
 GRIDS: dict[str, tuple[float, ...]] = {
     "treegrpo": (1e-4, 3e-4, 1e-3),
     "mixgrpo": (1e-4, 3e-4, 1e-3),
@@ -39,7 +40,6 @@ GRIDS: dict[str, tuple[float, ...]] = {
     "flowgrpo": (3e-4, 1e-3, 3e-3),
     "branchgrpo": (3e-5, 1e-4, 3e-4),
 }
-GRID_STEP = 3.0  # ratio between neighbouring rates
 
 # Observers never change what trains (tests/callbacks/test_integration.py checks grids, tree views
 # and EMA against a run without them); the benchmark leaves them out, and refuses any other
@@ -75,12 +75,23 @@ def description(name: str) -> str:
     return " ".join(lines)
 
 
+def neighbour(rate: float, up: bool) -> float:
+    """The next rate of the 1-3-10 series (..., 1e-4, 3e-4, 1e-3, ...) above or below ``rate``."""
+    exponent = math.floor(math.log10(rate) + 1e-9)
+    mantissa = round(rate / 10**exponent)
+    if mantissa not in (1, 3):
+        raise ValueError(f"learning rate {rate:g} is not on the 1-3-10 series of the grids")
+    if up:
+        return float(f"3e{exponent}") if mantissa == 1 else float(f"1e{exponent + 1}")
+    return float(f"1e{exponent}") if mantissa == 3 else float(f"3e{exponent - 1}")
+
+
 def shifted_grid(grid: tuple[float, ...], best: float) -> tuple[float, ...] | None:
     """The grid moved one step towards ``best`` when ``best`` is at an edge (``None``: inside)."""
     if best == grid[0]:
-        return (grid[0] / GRID_STEP, *grid[:-1])
+        return (neighbour(grid[0], up=False), *grid[:-1])
     if best == grid[-1]:
-        return (*grid[1:], grid[-1] * GRID_STEP)
+        return (*grid[1:], neighbour(grid[-1], up=True))
     return None
 
 

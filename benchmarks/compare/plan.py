@@ -15,16 +15,45 @@ seeds at the chosen rates.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import stats
 from .methods import FLAT, GRIDS, HEADLINE, VARIANT_OF, VARIANTS, RunSpec, shifted_grid
-from .runs import Run, RunCache
+from .runs import Protocol, Run, RunCache
 
 SWEEP_SEEDS = (100, 101, 102)
 REPORT_SEEDS = tuple(range(10))
 VARIANT_SEEDS = tuple(range(5))
+
+
+@dataclass(frozen=True)
+class Design:
+    """Which runs the comparison needs: the protocol of each run, the seeds and the grids."""
+
+    protocol: Protocol = Protocol()
+    sweep_seeds: tuple[int, ...] = SWEEP_SEEDS
+    report_seeds: tuple[int, ...] = REPORT_SEEDS
+    variant_seeds: tuple[int, ...] = VARIANT_SEEDS
+    grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(GRIDS))
+    headline: tuple[str, ...] = HEADLINE
+    variants: tuple[str, ...] = VARIANTS
+
+    def __post_init__(self) -> None:
+        both = set(self.sweep_seeds) & (set(self.report_seeds) | set(self.variant_seeds))
+        if both:
+            raise ValueError(f"seeds {sorted(both)} would both tune and be reported; keep them apart")
+
+
+FULL = Design()
+QUICK = Design(
+    protocol=Protocol(budget=15_000.0, evaluations=3, eval_seeds=2),
+    sweep_seeds=(100,),
+    report_seeds=(0, 1),
+    variant_seeds=(),
+    grids={m: (g[1],) for m, g in GRIDS.items()},  # one rate: the quick run checks the machinery, not the rates
+    variants=(),
+)
 
 
 def curve(run: Run) -> list[tuple[float, float]]:
@@ -44,6 +73,8 @@ class Sweep:
     def grid(self) -> tuple[float, ...]:
         return self.grids[-1]
 
+    seeds: tuple[int, ...] = SWEEP_SEEDS
+
     def score(self, lr: float) -> float | None:
         plateaus = self.rates[lr]
         return None if None in plateaus else stats.selection_score(plateaus)  # type: ignore[arg-type]
@@ -55,39 +86,39 @@ class Sweep:
             "plateaus": {f"{lr:g}": v for lr, v in sorted(self.rates.items())},
             "scores": {f"{lr:g}": self.score(lr) for lr in sorted(self.rates)},
             "chosen_lr": self.chosen,
-            "seeds": list(SWEEP_SEEDS),
+            "seeds": list(self.seeds),
         }
 
 
-def sweep_of(cache: RunCache, method: str) -> Sweep:
-    grids = [GRIDS[method]]
+def sweep_of(cache: RunCache, method: str, design: Design = FULL) -> Sweep:
+    grids = [design.grids[method]]
     rates: dict[float, list[float | None]] = {}
     while True:
         for lr in grids[-1]:
             if lr not in rates:
-                runs = [cache.load(RunSpec(method, lr, s)) for s in SWEEP_SEEDS]
+                runs = [cache.load(RunSpec(method, lr, s)) for s in design.sweep_seeds]
                 rates[lr] = [None if r is None else stats.plateau(curve(r)) for r in runs]
-        sweep = Sweep(method, grids, rates, None)
+        sweep = Sweep(method, grids, rates, None, design.sweep_seeds)
         scores = {lr: sweep.score(lr) for lr in grids[-1]}
         if None in scores.values():
             return sweep
         best = max(scores, key=lambda lr: scores[lr])  # type: ignore[arg-type]
-        moved = shifted_grid(grids[-1], best)
+        moved = shifted_grid(grids[-1], best) if len(grids[-1]) > 1 else None
         if moved is None:
             sweep.chosen = best
             return sweep
         grids.append(moved)
 
 
-def targets(sweeps: dict[str, Sweep], cache: RunCache) -> dict[str, Any] | None:
+def targets(sweeps: dict[str, Sweep]) -> dict[str, Any] | None:
     """The targets fixed from the sweep seeds (None until every headline sweep is complete)."""
-    if any(sweeps[m].chosen is None for m in HEADLINE):
+    if any(s.chosen is None for s in sweeps.values()):
         return None
     plateaus = {}
-    for m in HEADLINE:
+    for m in sweeps:
         values = sweeps[m].rates[sweeps[m].chosen]  # type: ignore[index]
         plateaus[m] = statistics.fmean(values)  # type: ignore[arg-type]
-    best_flat = max(FLAT, key=plateaus.__getitem__)
+    best_flat = max((m for m in FLAT if m in plateaus), key=plateaus.__getitem__)
     return {
         "best_flat": {"method": best_flat, "reward": plateaus[best_flat]},
         "dancegrpo": {"method": "dancegrpo", "reward": plateaus["dancegrpo"]},
@@ -95,15 +126,19 @@ def targets(sweeps: dict[str, Sweep], cache: RunCache) -> dict[str, Any] | None:
     }
 
 
-def jobs(cache: RunCache, *, variants: bool = True) -> list[RunSpec]:
+def sweeps_of(cache: RunCache, design: Design = FULL) -> dict[str, Sweep]:
+    return {m: sweep_of(cache, m, design) for m in design.headline}
+
+
+def jobs(cache: RunCache, design: Design = FULL, *, variants: bool = True) -> list[RunSpec]:
     """Every run the protocol needs now, in the order to train them (sweeps first)."""
-    sweeps = {m: sweep_of(cache, m) for m in HEADLINE}
-    out = [RunSpec(m, lr, s) for m in HEADLINE for lr in sweeps[m].grid for s in SWEEP_SEEDS]
-    for seed in REPORT_SEEDS:  # seed-major: every method's seed k before seed k + 1
-        out += [RunSpec(m, sweeps[m].chosen, seed) for m in HEADLINE if sweeps[m].chosen is not None]
+    sweeps = sweeps_of(cache, design)
+    out = [RunSpec(m, lr, s) for m in design.headline for lr in sweeps[m].grid for s in design.sweep_seeds]
+    for seed in design.report_seeds:  # seed-major: every method's seed k before seed k + 1
+        out += [RunSpec(m, sweeps[m].chosen, seed) for m in design.headline if sweeps[m].chosen is not None]
     if variants:
-        for seed in VARIANT_SEEDS:
-            for v in VARIANTS:
+        for seed in design.variant_seeds:
+            for v in design.variants:
                 lr = sweeps[VARIANT_OF[v]].chosen
                 if lr is not None:
                     out.append(RunSpec(v, lr, seed))

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -119,7 +119,13 @@ class Recorder:
         })  # fmt: skip
 
 
-def train(spec: RunSpec, protocol: Protocol) -> tuple[Run, dict[str, Any]]:
+class Trained(NamedTuple):
+    run: Run
+    record: dict[str, Any]  # the fit arguments and the resolved configuration
+    module: Any  # the trained TreeGRPOModule
+
+
+def train(spec: RunSpec, protocol: Protocol) -> Trained:
     """Train ``spec`` from the shipped weights until it has spent ``protocol.budget`` units."""
     from lightning.pytorch import Trainer
 
@@ -135,7 +141,7 @@ def train(spec: RunSpec, protocol: Protocol) -> tuple[Run, dict[str, Any]]:
             callbacks=[*callbacks, recorder.callback],
         )  # fmt: skip
         trainer.fit(module, data)
-    return recorder.run, record
+    return Trained(recorder.run, record, module)
 
 
 class RunCache:
@@ -166,7 +172,7 @@ class RunCache:
         if run is not None or not train_missing:
             return run
         started = time.perf_counter()
-        run, record = train(spec, self.protocol)
+        run, record, _ = train(spec, self.protocol)
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({
@@ -220,3 +226,37 @@ class RunCache:
             finally:
                 self.release(spec)
             yield spec
+
+
+def timing(specs: list[RunSpec], *, rounds: int = 3, iterations: int = 3) -> dict[str, Any]:
+    """Seconds per compute unit of each run in ``specs``, measured side by side in this process:
+    ``rounds`` rounds, each training every spec for one warm-up iteration and ``iterations`` timed
+    ones (the phase times the module logs, evaluation excluded), so that drift of the machine's
+    speed falls on every method alike."""
+    totals: dict[str, dict[str, float]] = {}
+    protocol = Protocol(budget=math.inf, evaluations=1, eval_seeds=1, max_iterations=iterations + 1)
+    for _ in range(rounds):
+        for spec in specs:
+            run = train(spec, protocol).run
+            t = totals.setdefault(spec.method, {k: 0.0 for k in ("seconds", "units", "iterations", "rollout_s",
+                                                                 "train_s", "sampling", "trained", "reference")})  # fmt: skip
+            for i in run.iterations[1:]:
+                t["seconds"] += i["rollout_s"] + i["reward_s"] + i["advantages_s"] + i["train_s"]
+                t["units"] += i["units"]
+                t["iterations"] += 1
+                for k in ("rollout_s", "train_s", "sampling", "trained", "reference"):
+                    t[k] += i[k]
+    methods = {}
+    for name, t in totals.items():
+        sampling = t["rollout_s"] / t["sampling"]
+        # the training pass's time per forward it ran, the reference's no-grad ones counted at one unit
+        trained = (t["train_s"] - sampling * t["reference"]) / t["trained"] if t["trained"] else math.nan
+        methods[name] = {
+            "seconds_per_unit": t["seconds"] / t["units"],
+            "units_per_iteration": t["units"] / t["iterations"],
+            "seconds_per_iteration": t["seconds"] / t["iterations"],
+            "seconds_per_sampling_forward": sampling,
+            "seconds_per_trained_forward": trained,
+            "trained_forward_in_sampling_forwards": trained / sampling,
+        }
+    return {"rounds": rounds, "iterations": iterations, "methods": methods}

@@ -115,11 +115,18 @@ def ratio_of_means(
     ratios = []
     for _ in range(resamples):
         idx = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(numerator[i] for i in idx) / sum(denominator[i] for i in idx))
+        ratios.append(_ratio(sum(numerator[i] for i in idx), sum(denominator[i] for i in idx)))
     ratios.sort()
     alpha = (1.0 - level) / 2
-    return {"mean": sum(numerator) / sum(denominator), "lo": quantile(ratios, alpha),
+    return {"mean": _ratio(sum(numerator), sum(denominator)), "lo": quantile(ratios, alpha),
             "hi": quantile(ratios, 1 - alpha), "n": n}  # fmt: skip
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; a method at the target from the start (0 units) is infinitely faster, 0 / 0 is NaN."""
+    if b == 0:
+        return math.nan if a == 0 else math.inf
+    return a / b
 
 
 def selection_score(plateaus: Sequence[float]) -> float:

@@ -6,7 +6,7 @@ extra *SDE step* it gets one stochastic child; every other step is a determinist
 records nothing and is never trained. Each stochastic transition is a recorded *edge*.
 
 One configuration covers every method of the papers (TreeGRPO arXiv 2512.08153, BranchGRPO arXiv
-2509.06040, DanceGRPO, Flow-GRPO, MixGRPO; their presets are ``configs/trees/*.yaml``):
+2509.06040, DanceGRPO, Flow-GRPO, MixGRPO; each method is a preset in ``configs/methods/``):
 
 ===================  ====================================================================
 TreeGRPO (k3 d3)     ``TreeSpec(10, branch_steps=(0, 1, 2), branching=3)`` + a window schedule

@@ -1,0 +1,347 @@
+"""From the cached runs to ``results.json``, the plots and the Markdown tables (``report.md``), every
+number computed here from the runs and every table formatted from the JSON.
+
+Statistics over the reported seeds (:mod:`.stats`, 95% percentile bootstrap, 10 000 resamples,
+fixed seeds): per method the held-out reward at each compute level of :func:`levels` (the last is
+the budget: ``final``), the area under the reward-vs-compute curve (the mean reward over the
+budget), compute to each target (censored at the budget) and its speed-up against the target's
+baseline; per pair of headline methods the paired differences of ``final`` and of the area, with
+"not resolved" where the interval covers 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import stats
+from .methods import VARIANT_OF, RunSpec, description
+from .plan import Design, Sweep, curve, sweeps_of, targets
+from .runs import Run, RunCache
+
+
+def levels(budget: float) -> list[float]:
+    """The compute levels of the tables: a quarter, half, three quarters and all of the budget."""
+    return [budget * f for f in (0.25, 0.5, 0.75, 1.0)]
+
+
+def environment() -> dict[str, Any]:
+    cpu = "unknown"
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        cpu = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+                    if line.startswith("model name")), cpu)  # fmt: skip
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def mean_curve(curves: list[list[tuple[float, float]]], xs: list[float]) -> list[float]:
+    return [statistics.fmean(stats.at(c, x) for c in curves) for x in xs]
+
+
+def flattening(runs: list[Run], budget: float, evaluations: int) -> dict[str, Any]:
+    """Evidence that the curve has flattened: the seed-mean reward at the last three evaluation
+    points of the budget, and the evaluation noise of that mean (the root-mean-square of the runs'
+    own evaluation standard errors, over the square root of the number of seeds). Flat: every one
+    of the three lies within two noise units of their mean."""
+    xs = [budget * (i + 1) / evaluations for i in range(evaluations)]
+    ys = mean_curve([curve(r) for r in runs], xs)
+    last = ys[-3:]
+    ses = [p["reward_se"] for r in runs for p in r.curve]
+    noise = math.sqrt(statistics.fmean(se * se for se in ses)) / math.sqrt(len(runs))
+    centre = statistics.fmean(last)
+    return {"units": xs[-3:], "mean_reward": last, "evaluation_noise": noise,
+            "flat": all(abs(y - centre) <= 2 * noise for y in last)}  # fmt: skip
+
+
+def per_iteration(runs: list[Run]) -> dict[str, float]:
+    its = [i for r in runs for i in r.iterations]
+    keys = ("sampling", "trained", "reference", "reward_images", "units")
+    return {k: statistics.fmean(i[k] for i in its) for k in keys}
+
+
+def method_summary(name: str, lr: float, seeds: list[int], runs: list[Run], design: Design,
+                   goals: dict[str, Any] | None, seed: int) -> dict[str, Any]:  # fmt: skip
+    budget = design.protocol.budget
+    curves = [curve(r) for r in runs]
+    out: dict[str, Any] = {
+        "lr": lr,
+        "description": description(name),
+        "seeds": seeds,
+        "n": len(runs),
+        "per_iteration": per_iteration(runs),
+        "iterations": [len(r.iterations) for r in runs],
+        "start": statistics.fmean(c[0][1] for c in curves),
+        "final": stats.bootstrap([stats.at(c, budget) for c in curves], seed=seed),
+        "at_units": {f"{x:.0f}": stats.bootstrap([stats.at(c, x) for c in curves], seed=seed) for x in levels(budget)},
+        "auc": stats.bootstrap([stats.area(c, budget) for c in curves], seed=seed),
+        "plateau": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),
+        "curves": [r.curve for r in runs],
+    }
+    if goals is not None:
+        out["compute_to_target"] = {}
+        for key in ("best_flat", "dancegrpo"):
+            reached = [stats.to_target(c, goals[key]["reward"], budget) for c in curves]
+            out["compute_to_target"][key] = {
+                "target": goals[key]["reward"],
+                "units": [u for u, _ in reached],
+                "reached": [bool(ok) for _, ok in reached],
+                "mean": stats.bootstrap([u for u, _ in reached], seed=seed),
+            }
+    return out
+
+
+def speedups(methods: dict[str, Any], goals: dict[str, Any], seed: int) -> None:
+    """Each method's speed-up to each target: the target baseline's mean compute to it over the
+    method's, paired by seed, censored seeds at the budget."""
+    for key in ("best_flat", "dancegrpo"):
+        base = methods[goals[key]["method"]]["compute_to_target"][key]
+        for m in methods.values():
+            mine = m["compute_to_target"][key]
+            n = min(len(base["units"]), len(mine["units"]))
+            mine["speedup"] = stats.ratio_of_means(base["units"][:n], mine["units"][:n], seed=seed)
+            mine["speedup"]["baseline"] = goals[key]["method"]
+
+
+def pairs(methods: dict[str, Any], names: tuple[str, ...], seed: int) -> dict[str, Any]:
+    """Paired differences (first minus second) of the final reward and the area, seed by seed."""
+    out = {}
+    for a, b in itertools.combinations(names, 2):
+        ma, mb = methods[a], methods[b]
+        common = [s for s in ma["seeds"] if s in mb["seeds"]]
+        pick = lambda m, key: [m[key + "_per_seed"][m["seeds"].index(s)] for s in common]  # noqa: E731
+        out[f"{a} - {b}"] = {
+            "seeds": common,
+            "final": stats.paired_difference(pick(ma, "final"), pick(mb, "final"), seed=seed),
+            "auc": stats.paired_difference(pick(ma, "auc"), pick(mb, "auc"), seed=seed),
+        }
+    return out
+
+
+def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """``results.json``'s content from the cached runs of ``design``."""
+    sweeps = sweeps_of(cache, design)
+    goals = targets(sweeps)
+    budget = design.protocol.budget
+    methods: dict[str, Any] = {}
+    missing: list[str] = []
+    wanted = [(m, sweeps[m].chosen, design.report_seeds) for m in design.headline]
+    wanted += [(v, sweeps[VARIANT_OF[v]].chosen, design.variant_seeds) for v in design.variants]
+    for name, lr, seeds in wanted:
+        if lr is None:
+            missing.append(f"{name}: its sweep is not complete")
+            continue
+        found = [(s, cache.load(RunSpec(name, lr, s))) for s in seeds]
+        done = [(s, r) for s, r in found if r is not None]
+        if len(done) < len(seeds):
+            missing.append(f"{name}: {len(seeds) - len(done)} of {len(seeds)} seeds not run")
+        if len(done) < 2:
+            continue
+        summary = method_summary(name, lr, [s for s, _ in done], [r for _, r in done], design, goals, seed)
+        summary["final_per_seed"] = [stats.at(curve(r), budget) for _, r in done]
+        summary["auc_per_seed"] = [stats.area(curve(r), budget) for _, r in done]
+        methods[name] = summary
+    complete = goals is not None and all(m in methods for m in design.headline)
+    if goals is not None and all(goals[k]["method"] in methods for k in ("best_flat", "dancegrpo")):
+        speedups(methods, goals, seed)
+    headline = [m for m in design.headline if m in methods]
+    report: dict[str, Any] = {
+        "protocol": {
+            "budget_axis": "compute",
+            "budget": budget,
+            "cost_model": "units = sampling forwards + 3 x trained forwards (with backward) + 1 x reference "
+                          "forwards + 0 x scored images (lit_treegrpo.core.compute.ComputeCost defaults)",
+            "evaluations": design.protocol.evaluations,
+            "evaluation": {"prompts": 36, "seeds_per_prompt": design.protocol.eval_seeds,
+                           "same_noises_for_every_method": True},
+            "batch_size": design.protocol.batch_size,
+            "sweep_seeds": list(design.sweep_seeds),
+            "reported_seeds": list(design.report_seeds),
+            "variant_seeds": list(design.variant_seeds),
+            "selection_rule": "the rate with the highest mean minus one sd, over the sweep seeds, of each run's "
+                              "plateau (mean of its last three evaluations); a best rate at a grid edge moves the "
+                              "grid one step (x3) that way",
+            "confidence_intervals": f"95% percentile bootstrap over seeds, {stats.RESAMPLES} resamples, seed {seed}; "
+                                    "pairs resampled by seed index",
+            "targets": goals,
+            "levels": levels(budget),
+        },  # fmt: skip
+        "environment": environment(),
+        "complete": complete,
+        "missing": missing,
+        "sweep": {m: s.as_dict() for m, s in sweeps.items()},
+        "methods": methods,
+        "pairs": pairs(methods, tuple(headline), seed),
+        "timing": timing,
+    }
+    if headline:
+        best = max(headline, key=lambda m: methods[m]["final"]["mean"])
+        runs = [cache.load(RunSpec(best, methods[best]["lr"], s)) for s in methods[best]["seeds"]]
+        report["flattening"] = {"method": best, **flattening([r for r in runs if r], budget, design.protocol.evaluations)}
+    report["headline"] = headline_sentence(report)
+    return report
+
+
+def verdict(diff: dict[str, Any]) -> str:
+    return "resolved" if diff["resolved"] else "not resolved"
+
+
+def headline_sentence(report: dict[str, Any]) -> str:
+    """The README's one sentence: TreeGRPO against every other headline method at the budget."""
+    pairs_ = report["pairs"]
+    parts = []
+    for key, diff in pairs_.items():
+        a, b = key.split(" - ")
+        if "treegrpo" not in (a, b):
+            continue
+        other, sign = (b, 1) if a == "treegrpo" else (a, -1)
+        d = diff["final"]
+        lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
+        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)})")
+    if not parts:
+        return "The comparison has not run yet."
+    n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
+    return (f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
+            f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + ".")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------------------------
+
+
+def ci(stat: dict[str, Any], digits: int = 3) -> str:
+    return f"{stat['mean']:.{digits}f} [{stat['lo']:.{digits}f}, {stat['hi']:.{digits}f}]"
+
+
+def times(x: float | None) -> str:
+    """A speed-up; None is what JSON keeps of a non-finite ratio (a target reached at 0 units)."""
+    return "—" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
+def units_k(x: float) -> str:
+    return f"{x / 1000:.1f}k"
+
+
+def tables(report: dict[str, Any]) -> str:
+    """report.md: the sweep, the comparison, the pairs, time to target and timing, from the JSON."""
+    p = report["protocol"]
+    lines = [
+        f"Budget {p['budget']:,.0f} compute units per run; held-out reward of 36 prompts x {p['evaluation']['seeds_per_prompt']} "
+        f"seeds; sweep seeds {', '.join(map(str, p['sweep_seeds']))}; reported seeds "
+        f"{', '.join(map(str, p['reported_seeds']))}; mean [95% bootstrap CI] over seeds."
+        + (" With fewer than 5 seeds the intervals are too narrow to mean anything (a smoke run)."
+           if len(p["reported_seeds"]) < 5 else ""),
+        "",
+        "| method | rates tried: score (plateau per sweep seed) | chosen |",
+        "|---|---|---|",
+    ]  # fmt: skip
+    for name, s in report["sweep"].items():
+        cells = []
+        for lr in s["explored"]:
+            key = f"{lr:g}"
+            plateaus, score = s["plateaus"][key], s["scores"][key]
+            shown = ", ".join("—" if v is None else f"{v:.3f}" for v in plateaus)
+            cells.append(f"{key}: {'—' if score is None else f'{score:.3f}'} ({shown})")
+        chosen = "—" if s["chosen_lr"] is None else f"{s['chosen_lr']:g}"
+        lines.append(f"| {name} | {'; '.join(cells)} | {chosen} |")
+    methods = report["methods"]
+    if methods:
+        level_names = [units_k(x) for x in p["levels"]]
+        lines += ["", "| method | lr | seeds | units / iteration (sampling + trained + reference) | "
+                  + " | ".join(f"reward at {n}" for n in level_names) + " | mean reward over the budget (AUC) |",
+                  "|---|---|---|---|" + "---|" * len(level_names) + "---|"]  # fmt: skip
+        for name, m in methods.items():
+            it = m["per_iteration"]
+            cost = f"{it['units']:.0f} ({it['sampling']:.0f} + 3 x {it['trained']:.0f} + {it['reference']:.0f})"
+            at = " | ".join(ci(m["at_units"][f"{x:.0f}"]) for x in p["levels"])
+            lines.append(f"| {name} | {m['lr']:g} | {m['n']} | {cost} | {at} | {ci(m['auc'])} |")
+    if report["pairs"]:
+        lines += ["", "| pair (first minus second) | final reward | | AUC | |", "|---|---|---|---|---|"]
+        for key, d in report["pairs"].items():
+            lines.append(f"| {key} | {ci(d['final'], 4)} | {verdict(d['final'])} | {ci(d['auc'], 4)} | {verdict(d['auc'])} |")
+    goals = p["targets"]
+    if goals and methods and all("speedup" in m["compute_to_target"][k] for m in methods.values() for k in ("best_flat", "dancegrpo")):
+        lines += ["", f"Targets from the sweep seeds: best flat baseline ({goals['best_flat']['method']}) "
+                  f"{goals['best_flat']['reward']:.4f}, DanceGRPO {goals['dancegrpo']['reward']:.4f}; compute to a target "
+                  "censored at the budget; speed-up = the baseline's mean compute to it over the method's.",
+                  "", "| method | best-flat target: reached, units | speed-up vs " + goals["best_flat"]["method"]
+                  + " | DanceGRPO target: reached, units | speed-up vs dancegrpo |", "|---|---|---|---|---|"]  # fmt: skip
+        for name, m in methods.items():
+            cells = []
+            for key in ("best_flat", "dancegrpo"):
+                t = m["compute_to_target"][key]
+                s = t["speedup"]
+                cells += [f"{sum(t['reached'])}/{len(t['reached'])}, {units_k(t['mean']['mean'])} "
+                          f"[{units_k(t['mean']['lo'])}, {units_k(t['mean']['hi'])}]",
+                          f"{times(s['mean'])} [{times(s['lo'])}, {times(s['hi'])}]"]  # fmt: skip
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if report.get("timing"):
+        t = report["timing"]
+        lines += ["", f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
+                  f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}):",
+                  "", "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for name, m in t["methods"].items():
+            lines.append(f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
+                         f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
+                         f"{1000 * m['seconds_per_trained_forward']:.3f} |")  # fmt: skip
+    if "flattening" in report:
+        f = report["flattening"]
+        shown = ", ".join(f"{units_k(x)}: {y:.4f}" for x, y in zip(f["units"], f["mean_reward"]))
+        lines += ["", f"Plateau: {f['method']} (the best final mean), seed-mean reward at the last three evaluation "
+                  f"points {shown}; evaluation noise of that mean {f['evaluation_noise']:.4f}; "
+                  f"{'flat' if f['flat'] else 'NOT flat'} (each within two noise units of their mean)."]  # fmt: skip
+    lines += ["", report["headline"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _band(curves: list[list[dict[str, float]]], key: str, points: int = 40) -> tuple[list[float], list[dict[str, float]]]:
+    """Each seed's curve on ``key``, interpolated on a common grid up to the shortest seed's end,
+    with the bootstrap CI of the mean at every point."""
+    end = min(c[-1][key] for c in curves)
+    xs = [end * i / (points - 1) for i in range(points)]
+    per = [[(p[key], p["reward"]) for p in c] for c in curves]
+    return xs, [stats.bootstrap([stats.at(c, x) for c in per], resamples=1000) for x in xs]
+
+
+def plots(report: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for key, label, name in (("units", "compute units (sampling + 3 x trained + reference forwards)", "reward_vs_compute.png"),
+                             ("sampling_nfe", "sampling NFE (rollout forwards)", "reward_vs_nfe.png")):  # fmt: skip
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for i, (method, m) in enumerate(report["methods"].items()):
+            xs, band = _band(m["curves"], key)
+            ax.plot(xs, [b["mean"] for b in band], color=f"C{i}", label=f"{method} ({m['n']} seeds)")
+            ax.fill_between(xs, [b["lo"] for b in band], [b["hi"] for b in band], color=f"C{i}", alpha=0.15)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out ShapesReward (mean, 95% CI)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        written.append(out / name)
+    return written

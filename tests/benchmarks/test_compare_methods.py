@@ -1,0 +1,107 @@
+"""One home per method: the presets in configs/methods are whole methods, and the benchmark trains
+exactly what ``fit --config configs/shapes.yaml --config configs/methods/NAME.yaml`` trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from compare.methods import HEADLINE, TASK, VARIANTS, RunSpec, method_names, preset, run_args
+from compare.runs import Protocol, train
+from lit_treegrpo.cli import TreeGRPOCLI
+from lit_treegrpo.core import TreeSpec
+
+# per prompt, at the window's first offset: leaves, model evaluations, trained edges, trained forwards
+SIZES = {
+    "treegrpo": (27, 1 + 3 + 9 + 27 * 7, 3 + 9 + 27, 1 + 3 + 9),
+    "treegrpo_softmax": (27, 1 + 3 + 9 + 27 * 7, 3 + 9 + 27, 1 + 3 + 9),
+    # splits at 0, 3, 6 (k=3) and SDE steps 1, 2, 4, 5, 7: nodes 1, 3, 3, 3, 9, 9, 9, 27, 27, 27
+    "branchgrpo": (27, 1 + 3 * 3 + 9 * 3 + 27 * 3, 3 * 3 + 9 * 3 + 27 * 2, 1 + 3 + 3 + 3 + 9 + 9 + 9 + 27),
+    "branchgrpo_pruned": (27, 118, 90, 64),
+    # the splits plus the SDE step 1 only: edges 3 (step 0) + 3 (step 1) + 9 (step 3) + 27 (step 6)
+    "branchgrpo_mix": (27, 118, 3 + 3 + 9 + 27, 1 + 3 + 3 + 9),
+    "dancegrpo": (27, 27 * 10, 27 * 8, 27 * 8),
+    "flowgrpo": (27, 27 * 10, 27 * 8, 27 * 8),
+    "mixgrpo": (27, 27 * 10, 27 * 4, 27 * 4),
+}
+METHOD_KEYS = ("tree", "advantage", "loss", "minibatches", "edges_per_update", "inner_epochs")
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return TreeGRPOCLI(args=["--config", str(TASK), "--trainer.logger", "false"], run=False).parser
+
+
+def method_of(parser, *configs: Path) -> dict:
+    """The method part of the configuration the CLI parses from ``configs`` (later files win)."""
+    cfg = parser.parse_args([a for c in configs for a in ("--config", str(c))]).as_dict()
+    model, adapter = cfg["model"], cfg["model"]["adapter"]["init_args"]
+    schedules = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("PruningSchedule")]
+    return {**{k: model[k] for k in METHOD_KEYS}, "dynamics": adapter["dynamics"],
+            "noise_level": adapter["noise_level"], "pruning": schedules}  # fmt: skip
+
+
+def test_every_method_has_one_preset() -> None:
+    assert set(method_names()) == set(HEADLINE) | set(VARIANTS) == set(SIZES)
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_a_preset_states_the_whole_method_whatever_the_base_config_says(parser, name: str) -> None:
+    alone = method_of(parser, TASK, preset(name))
+    # composed over another method first, nothing of that method leaks through
+    for other in ("mixgrpo", "branchgrpo", "flowgrpo"):
+        assert method_of(parser, TASK, preset(other), preset(name)) == alone, other
+    spec = TreeSpec.from_dict(alone["tree"])  # its own steps: the window at offset 0
+    assert (spec.num_leaves, spec.nfe(), spec.num_edges(), spec.train_nfe()) == SIZES[name]
+    for step in (0, 9, 10, 49, 50, 1000):  # a moving window stays off the deterministic tail
+        moved = TreeSpec.from_dict(alone["tree"]).at(step, run_seed=7)
+        assert moved.num_leaves == 27 and all(s < 8 for s in moved.branch_steps + moved.sde_steps)
+
+
+@pytest.mark.parametrize("name", ["treegrpo", "dancegrpo"])  # dancegrpo: its pruning schedule is a callback
+def test_the_benchmark_trains_what_fit_trains(tmp_path: Path, name: str) -> None:
+    spec = RunSpec(name, 3e-4, 5)
+    cli = TreeGRPOCLI(args=["fit", *run_args(spec), "--max_iterations", "1", "--trainer.default_root_dir", str(tmp_path),
+                            "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+                            "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    fitted = cli.model
+    bench = train(spec, Protocol(budget=1.0, evaluations=1, eval_seeds=1))  # stops after its first iteration
+    assert fitted.iteration == bench.module.iteration == 1 and len(bench.run.iterations) == 1
+    first = bench.run.iterations[0]
+    assert first["loss"] == float(cli.trainer.callback_metrics["loss"])
+    assert first["units"] == float(cli.trainer.callback_metrics["compute/units"]) > 0
+    assert first["optimizer_steps"] == cli.trainer.global_step == {"treegrpo": 2, "dancegrpo": 3}[name]
+    mine, theirs = list(bench.module.adapter.trainable_parameters()), list(fitted.adapter.trainable_parameters())
+    assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+@pytest.mark.slow  # the whole quick protocol: 15 runs, the timing, the report (~5 min on 2 free cores)
+def test_the_quick_comparison_writes_the_protocols_schema_and_tables_of_its_numbers(tmp_path: Path, capsys) -> None:
+    import json
+
+    import compare_methods
+
+    results = compare_methods.main(["--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert results == saved and saved["complete"] and not saved["missing"]
+    protocol = saved["protocol"]
+    assert protocol["budget_axis"] == "compute" and protocol["budget"] == 15_000
+    assert not set(protocol["sweep_seeds"]) & set(protocol["reported_seeds"])
+    assert set(saved["methods"]) == set(HEADLINE) and len(saved["pairs"]) == 10
+    for m in saved["methods"].values():
+        assert m["n"] == 2 and m["final"]["lo"] <= m["final"]["mean"] <= m["final"]["hi"]
+        assert {"best_flat", "dancegrpo"} == set(m["compute_to_target"])
+        # every run spent its budget, counted by the module (compute/units_total), not by the benchmark
+        assert all(c[-1]["units"] >= 15_000 for c in m["curves"])
+    tree = saved["methods"]["treegrpo"]["per_iteration"]
+    assert tree["trained"] == 8 * 13 and tree["units"] == tree["sampling"] + 3 * tree["trained"]
+    assert saved["methods"]["flowgrpo"]["per_iteration"]["reference"] == 8 * 27 * 8  # the KL's forwards
+    assert set(saved["timing"]["methods"]) == set(HEADLINE) and saved["environment"]["torch"]
+    for name in ("reward_vs_compute.png", "reward_vs_nfe.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    from compare import report
+
+    assert (tmp_path / "report.md").read_text() == report.tables(saved) + "\n"  # formatted from the JSON
+    assert saved["headline"] in capsys.readouterr().out

@@ -1,0 +1,107 @@
+"""The comparison's order of work (benchmarks/compare/plan.py) and its report, on run records written
+by hand into a cache (the plan reads curves; which model made them does not matter to it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from compare import plan, report
+from compare.methods import RunSpec
+from compare.runs import Protocol, RunCache
+
+PROTOCOL = Protocol(budget=100.0, evaluations=4, eval_seeds=2)
+DESIGN = plan.Design(protocol=PROTOCOL, sweep_seeds=(100, 101), report_seeds=(0, 1, 2), variant_seeds=(),
+                     grids={"treegrpo": (1e-4, 3e-4, 1e-3), "dancegrpo": (1e-4, 3e-4, 1e-3)},
+                     headline=("treegrpo", "dancegrpo"), variants=())  # fmt: skip
+
+
+def write(cache: RunCache, spec: RunSpec, rewards: list[float]) -> None:
+    """A run record whose held-out curve is ``rewards`` at 0, 25, 50, 75, 100 units."""
+    points = [{"units": 25.0 * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001,
+               "reward_per_seed": [r, r]} for i, r in enumerate(rewards)]  # fmt: skip
+    its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 5
+    cache.folder.mkdir(parents=True, exist_ok=True)
+    cache.path(spec).write_text(json.dumps({"identity": cache.identity(spec), "spec": asdict(spec),
+                                            "iterations": its, "curve": points}))  # fmt: skip
+
+
+def sweep_jobs(cache: RunCache) -> set[tuple[str, float, int]]:
+    return {(s.method, s.lr, s.seed) for s in plan.jobs(cache, DESIGN) if s.seed in DESIGN.sweep_seeds}
+
+
+def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_best_is_at_an_edge(tmp_path: Path) -> None:
+    cache = RunCache(tmp_path, PROTOCOL)
+    assert plan.jobs(cache, DESIGN) == [RunSpec(m, lr, s) for m in ("treegrpo", "dancegrpo")
+                                        for lr in (1e-4, 3e-4, 1e-3) for s in (100, 101)]  # fmt: skip
+    # dancegrpo: 3e-4 has the best mean plateau, 1e-3 the best single seed but a wide spread
+    for lr, (a, b) in {1e-4: (0.60, 0.61), 3e-4: (0.70, 0.71), 1e-3: (0.80, 0.50)}.items():
+        write(cache, RunSpec("dancegrpo", lr, 100), [0.5, a, a, a, a])
+        write(cache, RunSpec("dancegrpo", lr, 101), [0.5, b, b, b, b])
+    # treegrpo: the lowest rate is best -> the grid moves down one step of the series, 3e-5 is trained
+    for lr, plateau in {1e-4: 0.75, 3e-4: 0.72, 1e-3: 0.55}.items():
+        for seed in (100, 101):
+            write(cache, RunSpec("treegrpo", lr, seed), [0.5, 0.6, plateau, plateau, plateau])
+    sweeps = plan.sweeps_of(cache, DESIGN)
+    assert sweeps["dancegrpo"].chosen == 3e-4  # 1e-3: mean 0.65 - sd 0.21 loses to 0.705 - 0.007
+    assert sweeps["treegrpo"].chosen is None and sweeps["treegrpo"].grid == (3e-5, 1e-4, 3e-4)
+    assert ("treegrpo", 3e-5, 100) in sweep_jobs(cache)
+    assert plan.targets(sweeps) is None  # fixed only once every sweep is complete
+    # reported seeds start for the method whose sweep is done, never on the sweep seeds
+    assert [s for s in plan.jobs(cache, DESIGN) if s.seed not in (100, 101)] == [RunSpec("dancegrpo", 3e-4, k) for k in (0, 1, 2)]
+    for seed in (100, 101):
+        write(cache, RunSpec("treegrpo", sweeps["treegrpo"].grid[0], seed), [0.5, 0.6, 0.7, 0.7, 0.7])
+    sweeps = plan.sweeps_of(cache, DESIGN)
+    assert sweeps["treegrpo"].chosen == 1e-4  # inside the moved grid
+    goals = plan.targets(sweeps)
+    # the targets are sweep-seed plateaus: dancegrpo at 3e-4, (0.70 + 0.71) / 2
+    assert goals["dancegrpo"]["reward"] == pytest.approx(0.705) and goals["best_flat"]["method"] == "dancegrpo"
+
+
+def test_grids_move_along_the_1_3_10_series() -> None:
+    from compare.methods import neighbour, shifted_grid
+
+    assert [neighbour(1e-4, up=True), neighbour(3e-4, up=True), neighbour(1e-4, up=False), neighbour(3e-5, up=False)] == [
+        3e-4, 1e-3, 3e-5, 1e-5]  # fmt: skip
+    assert shifted_grid((1e-4, 3e-4, 1e-3), 1e-3) == (3e-4, 1e-3, 3e-3)
+    assert shifted_grid((1e-4, 3e-4, 1e-3), 3e-4) is None
+    with pytest.raises(ValueError, match="not on the 1-3-10 series"):
+        neighbour(5e-4, up=True)
+
+
+def test_seeds_that_tune_are_never_reported() -> None:
+    with pytest.raises(ValueError, match=r"seeds \[0\] would both tune and be reported"):
+        plan.Design(sweep_seeds=(0, 100))
+
+
+def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_path: Path) -> None:
+    cache = RunCache(tmp_path, PROTOCOL)
+    for m in ("treegrpo", "dancegrpo"):
+        for lr in (1e-4, 3e-4, 1e-3):
+            for seed in (100, 101):  # both choose 3e-4: plateau 0.7 there, 0.6 elsewhere
+                p = 0.7 if lr == 3e-4 else 0.6
+                write(cache, RunSpec(m, lr, seed), [0.5, p, p, p, p])
+    # reported seeds: treegrpo climbs faster (reaches 0.7 at 25 units), dancegrpo reaches it at 75 on
+    # seeds 0 and 1 and never on seed 2
+    for seed in (0, 1, 2):
+        write(cache, RunSpec("treegrpo", 3e-4, seed), [0.5, 0.7, 0.72, 0.72, 0.72 + 0.01 * seed])
+        dance = [0.5, 0.55, 0.6, 0.7, 0.7] if seed < 2 else [0.5, 0.55, 0.6, 0.65, 0.68]
+        write(cache, RunSpec("dancegrpo", 3e-4, seed), dance)
+    results = report.summarise(cache, DESIGN)
+    tree, dance = results["methods"]["treegrpo"], results["methods"]["dancegrpo"]
+    assert results["complete"] and results["protocol"]["budget_axis"] == "compute"
+    assert tree["final"]["mean"] == pytest.approx(0.73) and dance["final"]["mean"] == pytest.approx((0.7 + 0.7 + 0.68) / 3)
+    # paired final differences 0.02, 0.03, 0.06: all positive, so resolved
+    diff = results["pairs"]["treegrpo - dancegrpo"]["final"]
+    assert diff["mean"] == pytest.approx((0.02 + 0.03 + 0.06) / 3) and diff["resolved"]
+    to = dance["compute_to_target"]["dancegrpo"]
+    assert to["target"] == pytest.approx(0.7) and to["reached"] == [True, True, False]
+    assert to["units"] == pytest.approx([75.0, 75.0, 100.0])  # censored at the budget
+    # treegrpo reaches 0.7 at 25 units on every seed: speed-up (75 + 75 + 100) / 75
+    assert tree["compute_to_target"]["dancegrpo"]["speedup"]["mean"] == pytest.approx(250 / 75)
+    text = report.tables(results)
+    assert "| treegrpo - dancegrpo |" in text and "resolved" in text and results["headline"] in text
+    assert "dancegrpo +0.037" in results["headline"] and "(resolved)" in results["headline"]

@@ -1,0 +1,87 @@
+"""benchmarks/compare/stats.py against values derived by hand (each derivation in a comment)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compare import stats
+
+
+def test_quantile_interpolates_between_order_statistics() -> None:
+    # position q * (n - 1): 0.25 * 3 = 0.75 -> 1 + 0.75 * (2 - 1) = 1.75; 0.5 -> 2.5
+    assert stats.quantile([1.0, 2.0, 3.0, 4.0], 0.25) == 1.75
+    assert stats.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert stats.quantile([5.0], 0.975) == 5.0
+
+
+def test_bootstrap_of_two_values_spans_the_exact_resampling_distribution() -> None:
+    # resampling [0, 1]: the mean is 0 (p 1/4), 0.5 (1/2) or 1 (1/4); the 2.5% and 97.5% quantiles
+    # of 10 000 draws are 0 and 1 (each end holds ~2 500 draws, far more than 250)
+    ci = stats.bootstrap([0.0, 1.0], seed=3)
+    assert (ci["mean"], ci["lo"], ci["hi"], ci["n"]) == (0.5, 0.0, 1.0, 2)
+
+
+def test_bootstrap_quantiles_of_a_skewed_sample() -> None:
+    # [0, 0, 0, 1]: the resample mean is Binomial(4, 1/4) / 4; P(mean = 0) = (3/4)^4 = 0.316 > 0.025,
+    # P(mean <= 0.5) = 0.949 < 0.975 <= P(mean <= 0.75) = 0.996: the CI is [0, 0.75]
+    ci = stats.bootstrap([0.0, 0.0, 0.0, 1.0], seed=0)
+    assert (ci["mean"], ci["lo"], ci["hi"]) == (0.25, 0.0, 0.75)
+    assert stats.bootstrap([0.0, 0.0, 0.0, 1.0], seed=0) == ci  # a fixed seed gives the same interval
+    with pytest.raises(ValueError, match="no values"):
+        stats.bootstrap([])
+
+
+def test_a_paired_difference_is_resolved_only_when_its_interval_excludes_zero() -> None:
+    same = stats.paired_difference([0.7, 0.8, 0.6], [0.7, 0.8, 0.6])
+    assert (same["mean"], same["lo"], same["hi"], same["resolved"]) == (0.0, 0.0, 0.0, False)
+    # differences 0.1, 0.1, 0.1: every resample's mean is 0.1 (up to rounding)
+    ahead = stats.paired_difference([0.8, 0.9, 0.7], [0.7, 0.8, 0.6])
+    assert ahead["resolved"] and ahead["lo"] == pytest.approx(0.1) and ahead["hi"] == pytest.approx(0.1)
+    # differences +0.1 and -0.1: the mean 0 lies inside [-0.1, 0.1]
+    mixed = stats.paired_difference([0.8, 0.6], [0.7, 0.7])
+    assert not mixed["resolved"] and mixed["lo"] == pytest.approx(-0.1) and mixed["hi"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.paired_difference([1.0], [1.0, 2.0])
+
+
+def test_interpolation_area_and_plateau_of_a_curve() -> None:
+    curve = [(0.0, 0.5), (10.0, 0.7), (20.0, 0.8)]
+    assert stats.at(curve, 5.0) == pytest.approx(0.6)  # halfway from 0.5 to 0.7
+    assert stats.at(curve, 25.0) == 0.8  # held at the last evaluation
+    # trapezoids: 10 * (0.5 + 0.7) / 2 = 6, 10 * (0.7 + 0.8) / 2 = 7.5 -> 13.5 / 20
+    assert stats.area(curve, 20.0) == pytest.approx(13.5 / 20)
+    # budget 10 stops at the second point: 6 / 10
+    assert stats.area(curve, 10.0) == pytest.approx(0.6)
+    # past the end, held at 0.8: (13.5 + 10 * 0.8) / 30
+    assert stats.area(curve, 30.0) == pytest.approx(21.5 / 30)
+    assert stats.plateau(curve) == pytest.approx((0.5 + 0.7 + 0.8) / 3)
+    assert stats.plateau(curve, last=2) == pytest.approx(0.75)
+
+
+def test_compute_to_target_interpolates_the_crossing_and_censors_at_the_budget() -> None:
+    curve = [(0.0, 0.5), (10.0, 0.7), (20.0, 0.8)]
+    assert stats.to_target(curve, 0.6, 30.0) == (pytest.approx(5.0), True)  # 0.6 is halfway up 0..10
+    assert stats.to_target(curve, 0.75, 30.0) == (pytest.approx(15.0), True)
+    assert stats.to_target(curve, 0.4, 30.0) == (0.0, True)  # already there at the start
+    assert stats.to_target(curve, 0.9, 30.0) == (30.0, False)  # never: censored at the budget
+
+
+def test_a_censored_speed_up_is_a_ratio_of_means_with_the_budget_in_place() -> None:
+    # the baseline reaches the target at 10 and 20 units; the method at 5 and never (budget 30):
+    # (10 + 20) / (5 + 30) = 0.857..., a lower bound on the method's speed-up
+    r = stats.ratio_of_means([10.0, 20.0], [5.0, 30.0])
+    assert r["mean"] == pytest.approx(30 / 35)
+    # resampling the seed pairs: (10, 5) twice -> 2, (20, 30) twice -> 2/3, mixed -> 30/35
+    assert r["lo"] == pytest.approx(2 / 3) and r["hi"] == pytest.approx(2.0)
+    # a method at the target from the start: infinitely faster; both at the start: undefined
+    assert stats.ratio_of_means([10.0], [0.0])["mean"] == float("inf")
+    assert math.isnan(stats.ratio_of_means([0.0], [0.0])["mean"])
+
+
+def test_the_selection_rule_penalises_spread() -> None:
+    # mean 0.8, sample sd 0.1 -> 0.7; a steadier 0.76 +- 0.01 wins over it
+    assert stats.selection_score([0.7, 0.8, 0.9]) == pytest.approx(0.7)
+    assert stats.selection_score([0.75, 0.76, 0.77]) == pytest.approx(0.75)
+    assert stats.selection_score([0.75, 0.76, 0.77]) > stats.selection_score([0.7, 0.8, 0.9])
