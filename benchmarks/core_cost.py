@@ -1,6 +1,6 @@
 """Cost of the pure-torch engine, measured side by side in one run (CPU, one thread by default).
 
-1. Size of each tree preset in configs/trees: leaves, model evaluations (NFE) per prompt and per
+1. Size of each method preset's tree (configs/methods): leaves, model evaluations (NFE) per prompt and per
    leaf, trained edges and the forwards needed to recompute them.
 2. Advantage estimators on a tree of ~10^4 edges: milliseconds per call.
 3. Rollout wall-clock on a small convolutional velocity model at matched leaves:
@@ -25,11 +25,12 @@ from torch import nn
 from lit_treegrpo.core import TreeSpec, flow_sde_step, rollout, tree_advantages
 from lit_treegrpo.core.advantages import METHODS
 
-PRESETS = Path(__file__).resolve().parents[1] / "configs" / "trees"
+PRESETS = Path(__file__).resolve().parents[1] / "configs" / "methods"
 
 
 def load_preset(path: Path) -> TreeSpec:
-    return TreeSpec.from_dict(yaml.safe_load(path.read_text()))
+    """The tree of a method preset (its ``model.tree``), at the window's first offset."""
+    return TreeSpec.from_dict(yaml.safe_load(path.read_text())["model"]["tree"])
 
 
 def flow_step(num_steps: int):
@@ -44,7 +45,7 @@ def flow_step(num_steps: int):
 
 
 def preset_table() -> None:
-    print("\n## Tree presets (per prompt)\n")
+    print("\n## The method presets' trees (per prompt)\n")
     print("| preset | T | leaves | NFE | NFE / leaf | trained edges | training forwards |")
     print("|---|---|---|---|---|---|---|")
     for path in sorted(PRESETS.glob("*.yaml")):

@@ -475,7 +475,9 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     saved = old["lit_treegrpo"]
     mine = {"state_dict": full.state_dict()}
     full.on_save_checkpoint(mine)
-    assert list(mine["lit_treegrpo"]) == list(saved) == ["iteration", "fingerprint", "faults"]
+    # (the compute counter came later; a checkpoint without it resumes with the count at 0)
+    assert list(saved) == ["iteration", "fingerprint", "faults"]
+    assert list(mine["lit_treegrpo"]) == [*saved, "compute"]
     ours, theirs = mine["lit_treegrpo"]["fingerprint"], saved["fingerprint"]
     assert {k: v for k, v in ours.items() if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
     # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
@@ -530,3 +532,48 @@ def test_the_pruning_schedule_callback_is_applied_by_the_module_and_never_overwr
     both = module(pruning=PruningConfig(width="ratio"))
     with pytest.raises(ValueError, match="both --model.pruning .* and the PruningSchedule callback"):
         fit(both, 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule()])
+
+
+class _Metrics(L.Callback):
+    """Every training step's logged compute metrics."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("compute/")})
+
+
+def test_each_step_counts_its_sampling_trained_and_reference_forwards_and_their_compute_units(tmp_path) -> None:
+    from lit_treegrpo.core import Compute, ComputeCost
+
+    # SPEC per prompt: nfe 1 + 2 + 4 = 7 sampling forwards; trained forwards: the parents of its
+    # 6 edges, 1 (step 0) + 2 (step 1) = 3; reward: 4 leaves. 2 prompts per step.
+    tree, log = module(), _Metrics()
+    fit(tree, 2, tmp_path / "tree", callbacks=[log])
+    assert log.steps[0] == {"compute/sampling": 14.0, "compute/trained": 6.0, "compute/reference": 0.0,
+                            "compute/reward_images": 8.0, "compute/units": 14.0 + 3 * 6.0,
+                            "compute/units_total": 32.0}  # fmt: skip
+    assert log.steps[1]["compute/units_total"] == 64.0 and tree.compute_spent == Compute(28, 12, 0, 16)
+    # flat G=3 with KL: every trained forward has a reference forward; another cost model weighs them
+    flat = TreeSpec(T, sde_steps=(0, 1), num_trees=3)  # per prompt: 9 sampling, 6 trained
+    kl = module(tree=flat, loss=ClippedPolicyLoss(kl_beta=0.1), compute_cost=ComputeCost(trained=2.0, reference=0.5, reward=1.0))
+    log = _Metrics()
+    fit(kl, 1, tmp_path / "kl", callbacks=[log])
+    assert log.steps[0]["compute/reference"] == log.steps[0]["compute/trained"] == 12.0
+    assert log.steps[0]["compute/units"] == 18.0 + 2.0 * 12 + 0.5 * 12 + 1.0 * 6
+    with pytest.raises(ValueError, match="compute_cost.trained must be a finite number >= 0"):
+        ComputeCost(trained=-1.0)
+
+
+def test_the_compute_spent_is_resumed_from_the_checkpoint(tmp_path) -> None:
+    from tests.checkpoints import make_tiny_checkpoint as made
+
+    full, first, resumed = made.model(), made.model(), made.model()
+    made.trainer(tmp_path / "full", 3, enable_checkpointing=False).fit(full, made.data())
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    made.trainer(tmp_path / "first", 2, callbacks=[checkpoint]).fit(first, made.data())
+    made.trainer(tmp_path / "resumed", 3, enable_checkpointing=False).fit(
+        resumed, made.data(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt")
+    )
+    assert resumed.iteration == 3 and resumed.compute_spent == full.compute_spent != first.compute_spent

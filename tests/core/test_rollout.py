@@ -12,6 +12,7 @@ from lit_treegrpo.core.rollout import (
     index_cond,
     recompute_log_probs,
     rollout,
+    root_noise,
     source_minibatches,
 )
 from lit_treegrpo.core.spec import TreeSpec
@@ -268,3 +269,21 @@ def test_per_prompt_generators_make_each_prompt_independent_of_the_batch() -> No
     assert torch.equal(alone.edge_old_log_prob, full.edge_old_log_prob[mine])
     with pytest.raises(ValueError, match="one per prompt"):
         rollout(model.predict, model.step, spec, cond, noise, generator=gens([1, 2]))
+
+
+def test_every_method_draws_the_same_first_root_noise_for_a_prompt() -> None:
+    # the comparison pairs methods by seed: a tree's one root, a flat method's first chain and a
+    # shared-noise group's common root are the same draw of the prompt's generator. (torch draws
+    # normals of fewer than 16 elements with another algorithm than larger ones, so the first of
+    # five roots equals a single root only for latents of 16 elements or more: every real latent.)
+    def draw(n: int, g: torch.Generator) -> torch.Tensor:
+        return torch.randn((n, 2, 8), generator=g)
+
+    def roots(spec: TreeSpec) -> torch.Tensor:
+        return root_noise(draw, [torch.Generator().manual_seed(s) for s in (3, 4)], spec)
+
+    tree = roots(TreeSpec(4, branch_steps=(0, 1), branching=3))  # [2, 2, 8]
+    flat = roots(TreeSpec(4, sde_steps=(0, 1, 2), num_trees=5))  # [10, 2, 8]
+    shared = roots(TreeSpec(4, sde_steps=(0, 1, 2), num_trees=5, shared_noise=True))  # [10, 2, 8]
+    assert torch.equal(tree, flat[::5]) and torch.equal(tree, shared[::5])
+    assert torch.equal(shared[:5], tree[:1].expand(5, 2, 8)) and not torch.equal(flat[1], flat[0])
