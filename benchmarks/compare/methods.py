@@ -10,9 +10,9 @@ the training callbacks the benchmark trains are the ones ``fit`` would train.
 
 from __future__ import annotations
 
-import hashlib
-import math
+import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,40 @@ def preset(name: str) -> Path:
     return path
 
 
-def preset_digest(name: str) -> str:
-    """sha256 of the preset file: a cached run of an edited preset is trained again."""
-    return hashlib.sha256(preset(name).read_bytes()).hexdigest()
+@functools.cache
+def _parser(task: Path = TASK) -> Any:
+    """The project CLI's parser (built once: it instantiates the task's model one time)."""
+    from lit_treegrpo.cli import TreeGRPOCLI
+
+    return TreeGRPOCLI(args=["--config", str(task), "--trainer.logger", "false"], run=False).parser
+
+
+def resolved_config(spec: RunSpec, task: Path = TASK) -> dict[str, Any]:
+    """The whole configuration ``fit`` resolves from :func:`run_args` (defaults included), without
+    building anything."""
+    parser = _parser(task)
+    return json.loads(parser.dump(parser.parse_args(run_args(spec, task)), format="json", skip_none=False))
+
+
+def training_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """What a resolved configuration trains, and nothing else: the model, reward, tree (its
+    ``num_steps`` the adapter's when the tree leaves it out), advantages, loss, updates, optimizer
+    (but its rate, which names the run), compute cost, the training callbacks and the data. Two
+    configurations with the same identity train the same run; a cached run whose recorded
+    configuration has another identity than the current files is trained again."""
+    model = config["model"]
+    adapter = model["adapter"]
+    tree = dict(model["tree"])
+    if tree.get("num_steps") is None:
+        tree["num_steps"] = adapter["init_args"]["num_steps"]
+    optimizer = dict(model.get("optimizer") or {})
+    if "init_args" in optimizer:
+        optimizer["init_args"] = {k: v for k, v in optimizer["init_args"].items() if k != "lr"}
+    callbacks = [c for c in config["trainer"].get("callbacks") or [] if c["class_path"].rsplit(".", 1)[-1] in TRAINING_CALLBACKS]
+    keys = ("reward", "reward_kwargs", "advantage", "loss", "minibatches", "edges_per_update", "accumulate",
+            "inner_epochs", "grad_clip", "lr_scheduler", "compute_cost")  # fmt: skip
+    return {"adapter": adapter, "tree": tree, **{k: model.get(k) for k in keys}, "optimizer": optimizer,
+            "callbacks": callbacks, "data": config["data"]}  # fmt: skip
 
 
 def description(name: str) -> str:

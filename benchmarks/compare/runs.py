@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .methods import RunSpec, build, preset_digest
+from .methods import RunSpec, build, resolved_config, training_identity
 
 COMPUTE_KINDS = ("sampling", "trained", "reference", "reward_images")
 
@@ -150,19 +150,28 @@ class RunCache:
     def __init__(self, out: Path, protocol: Protocol) -> None:
         self.folder = out / "runs"
         self.protocol = protocol
+        self._identities: dict[str, dict[str, Any]] = {}
 
     def path(self, spec: RunSpec) -> Path:
         return self.folder / f"{spec.key}.json"
 
     def identity(self, spec: RunSpec) -> dict[str, Any]:
-        return {"protocol": asdict(self.protocol), "preset_sha256": preset_digest(spec.method)}
+        """What the files would train for ``spec`` now (:func:`~.methods.training_identity`), per
+        method (its rate and seed are in the run's name), worked out once per process."""
+        if spec.method not in self._identities:
+            self._identities[spec.method] = training_identity(resolved_config(spec))
+        return self._identities[spec.method]
 
     def load(self, spec: RunSpec) -> Run | None:
+        """The cached run of ``spec``, if it ran under this protocol and its recorded configuration
+        trains what the current files train."""
         path = self.path(spec)
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-        if saved.get("identity") != self.identity(spec):
+        if saved.get("identity", {}).get("protocol") != asdict(self.protocol):
+            return None
+        if training_identity(saved["config"]) != self.identity(spec):
             return None
         return Run(saved["iterations"], saved["curve"])
 
@@ -176,7 +185,7 @@ class RunCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({
-            "identity": self.identity(spec), "spec": asdict(spec), "threads": torch.get_num_threads(),
+            "identity": {"protocol": asdict(self.protocol)}, "spec": asdict(spec), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "seconds": time.perf_counter() - started, **record,
             "iterations": run.iterations, "curve": run.curve,
         }))  # fmt: skip

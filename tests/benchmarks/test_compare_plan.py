@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from compare import plan, report
-from compare.methods import RunSpec
+from compare.methods import RunSpec, resolved_config, training_identity
 from compare.runs import Protocol, RunCache
 
 PROTOCOL = Protocol(budget=100.0, evaluations=4, eval_seeds=2)
@@ -25,8 +25,8 @@ def write(cache: RunCache, spec: RunSpec, rewards: list[float]) -> None:
                "reward_per_seed": [r, r]} for i, r in enumerate(rewards)]  # fmt: skip
     its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 5
     cache.folder.mkdir(parents=True, exist_ok=True)
-    cache.path(spec).write_text(json.dumps({"identity": cache.identity(spec), "spec": asdict(spec),
-                                            "iterations": its, "curve": points}))  # fmt: skip
+    cache.path(spec).write_text(json.dumps({"identity": {"protocol": asdict(cache.protocol)}, "spec": asdict(spec),
+                                            "config": resolved_config(spec), "iterations": its, "curve": points}))  # fmt: skip
 
 
 def sweep_jobs(cache: RunCache) -> set[tuple[str, float, int]]:
@@ -105,3 +105,24 @@ def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_p
     text = report.tables(results)
     assert "| treegrpo - dancegrpo |" in text and "resolved" in text and results["headline"] in text
     assert "dancegrpo +0.037" in results["headline"] and "(resolved)" in results["headline"]
+
+
+def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_path: Path) -> None:
+    cache = RunCache(tmp_path, PROTOCOL)
+    spec = RunSpec("treegrpo", 3e-4, 0)
+    write(cache, spec, [0.5, 0.6, 0.7, 0.7, 0.7])
+    assert cache.load(spec) is not None
+    record = json.loads(cache.path(spec).read_text())
+    # another protocol, or a recorded configuration that trained something else, is not this run
+    assert RunCache(tmp_path, Protocol(budget=200.0)).load(spec) is None
+    record["config"]["model"]["minibatches"] = 4
+    cache.path(spec).write_text(json.dumps(record))
+    assert cache.load(spec) is None
+    # the tree's num_steps left to the adapter is the same run as stating it
+    config = resolved_config(spec)
+    stated, left = json.loads(json.dumps(config)), json.loads(json.dumps(config))
+    left["model"]["tree"]["num_steps"] = None
+    assert training_identity(stated) == training_identity(left)
+    # its rate and seed name the run; they are not part of what the files train
+    other = resolved_config(RunSpec("treegrpo", 1e-3, 7))
+    assert training_identity(other) == training_identity(config) != training_identity(resolved_config(RunSpec("mixgrpo", 1e-3, 7)))
