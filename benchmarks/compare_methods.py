@@ -46,6 +46,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "seed, 2 reported seeds, no variants); alone, it runs work, timing and report (same schema): "
                    "< 10 min on 2 cores")  # fmt: skip
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
+    p.add_argument("--docs", type=Path, nargs="*", default=[],
+                   help="--report: also rewrite the generated region of these files (docs/results.md gets the "
+                        "tables, README.md the headline sentence)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the protocol's)")
     args = p.parse_args(argv)
     if not (args.work or args.report or args.timing):
@@ -89,7 +92,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def write_report(cache: RunCache, design: plan.Design, out: Path) -> dict[str, Any]:
+def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Path] = ()) -> dict[str, Any]:
     saved = out / "timing.json"
     results = report.summarise(cache, design, json.loads(saved.read_text()) if saved.is_file() else None)
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, allow_nan=False))
@@ -101,6 +104,10 @@ def write_report(cache: RunCache, design: plan.Design, out: Path) -> dict[str, A
     print(f"wrote {out / 'results.json'} and {out / 'report.md'}\n\n{text}")
     if results["missing"]:
         print("\nnot complete: " + "; ".join(results["missing"]))
+    for doc in docs:
+        generated = results["headline"] if doc.name == "README.md" else text
+        doc.write_text(report.replace_generated(doc.read_text(), generated, str(doc)))
+        print(f"rewrote the generated region of {doc}")
     return results
 
 
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         rounds, iterations = (1, 1) if args.quick else (3, 3)
         (args.out / "timing.json").write_text(json.dumps(timed(cache, design, rounds, iterations), indent=1))
     if args.report:
-        return write_report(cache, design, args.out)
+        return write_report(cache, design, args.out, args.docs)
     return None
 
 

@@ -126,3 +126,12 @@ def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_
     # its rate and seed name the run; they are not part of what the files train
     other = resolved_config(RunSpec("treegrpo", 1e-3, 7))
     assert training_identity(other) == training_identity(config) != training_identity(resolved_config(RunSpec("mixgrpo", 1e-3, 7)))
+
+
+def test_the_docs_generated_region_is_replaced_and_nothing_else() -> None:
+    text = f"intro 0.5\n{report.BEGIN}\nold table\n{report.END}\noutro\n"
+    new = report.replace_generated(text, "| new | table |", "doc")
+    assert new == f"intro 0.5\n{report.BEGIN}\n| new | table |\n{report.END}\noutro\n"
+    assert report.generated_region(new) == "| new | table |"
+    with pytest.raises(ValueError, match="needs exactly one generated region"):
+        report.replace_generated("no markers", "x", "README.md")
