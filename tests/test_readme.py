@@ -47,37 +47,34 @@ def test_every_row_of_what_happens_when_names_tests_that_exist() -> None:
             assert f"def {name.split('[')[0]}(" in source, f"{current}::{name} does not exist"
 
 
-def test_the_results_table_quotes_the_committed_benchmark_outputs() -> None:
-    """docs/results.md: each method's time per iteration, speed-up and end reward are those of
-    benchmarks/results/shapes_cpu/results.json (so a rerun that changes them must update docs/results.md)."""
+def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
+    """docs/results.md's generated region is report.md, which is the tables formatted from
+    benchmarks/results/shapes_cpu/results.json; the README's sentence is its headline (so a rerun
+    that changes them must regenerate both: compare_methods.py --report --docs)."""
     import json
+    import sys
 
-    saved = json.loads((REPO / "benchmarks/results/shapes_cpu/results.json").read_text())["methods"]
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from compare import report
+
+    out = REPO / "benchmarks" / "results" / "shapes_cpu"
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["protocol"]["budget_axis"] == "compute" and saved["complete"]
+    tables = report.tables(saved)
+    assert (out / "report.md").read_text() == tables + "\n"
+    assert report.generated_region((DOCS / "results.md").read_text()) == tables
+    assert report.generated_region((REPO / "README.md").read_text()) == saved["headline"]
+
+
+def test_the_results_quote_the_committed_step_noise_table() -> None:
+    """docs/results.md: the per-step noise diagnostic is the table the benchmark wrote
+    (benchmarks/results/step_noise/step_noise.md)."""
     section = (DOCS / "results.md").read_text()
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
-        if line.startswith("| ") and cells[0] in saved:
-            rows[cells[0]] = cells
-    assert set(rows) == set(saved)
-    for name, cells in rows.items():
-        r = saved[name]
-        assert cells[1].replace("*", "").startswith(f"{r['seconds_per_iteration']['total']['mean']:.3g} "), name
-        assert cells[3] == f"{r['speedup_vs_dancegrpo']['time_per_iteration']:.3g}x", name
-        assert f"→ {r['reward_end']['mean']:.3g} " in cells[4].replace("*", "") + " ", name
-
-
-def test_the_results_quote_the_committed_sweep_and_step_noise_tables() -> None:
-    """docs/results.md: the learning-rate sweep and the per-step noise diagnostic are the tables
-    the benchmarks wrote (benchmarks/results/shapes_cpu/sweep.md,
-    benchmarks/results/step_noise/step_noise.md)."""
-    section = (DOCS / "results.md").read_text()
-    results = REPO / "benchmarks" / "results"
-    for table in (results / "shapes_cpu" / "sweep.md", results / "step_noise" / "step_noise.md"):
-        rows = [line for line in table.read_text().splitlines() if line.startswith("| ")]
-        assert rows, table
-        for row in rows:
-            assert row in section, f"{table.name}: {row}"
+    table = REPO / "benchmarks" / "results" / "step_noise" / "step_noise.md"
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| ")]
+    assert rows
+    for row in rows:
+        assert row in section, f"{table.name}: {row}"
 
 
 def test_the_reward_table_and_the_modules_help_name_every_registered_reward() -> None:
