@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import sys
 import time
@@ -92,6 +93,16 @@ def finite(value: Any) -> Any:
     return value
 
 
+def plot_links(results: dict[str, Any], out: Path, doc: Path) -> str:
+    """The plots as images in ``doc``'s generated region; none until a reported run exists (the plots
+    are drawn from the reported seeds only)."""
+    if not results["methods"]:
+        return ""
+    rel = Path(os.path.relpath(out.resolve(), doc.resolve().parent))
+    return "".join(f"\n\n![held-out reward against {what}]({(rel / name).as_posix()})"
+                   for what, name in (("compute", "reward_vs_compute.png"), ("sampling NFE", "reward_vs_nfe.png")))
+
+
 def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Path] = ()) -> dict[str, Any]:
     saved = out / "timing.json"
     results = report.summarise(cache, design, json.loads(saved.read_text()) if saved.is_file() else None)
@@ -105,7 +116,7 @@ def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Pat
     if results["missing"]:
         print("\nnot complete: " + "; ".join(results["missing"]))
     for doc in docs:
-        generated = results["headline"] if doc.name == "README.md" else text
+        generated = results["headline"] if doc.name == "README.md" else text + plot_links(results, out, doc)
         doc.write_text(report.replace_generated(doc.read_text(), generated, str(doc)))
         print(f"rewrote the generated region of {doc}")
     return results

@@ -211,7 +211,8 @@ def headline_sentence(report: dict[str, Any]) -> str:
         lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
         parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)})")
     if not parts:
-        return "The comparison has not run yet."
+        return ("No result yet: the method comparison is under way and none of its reported seeds has been "
+                "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far).")
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
     return (f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
             f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + ".")  # fmt: skip
@@ -257,6 +258,8 @@ def tables(report: dict[str, Any]) -> str:
             cells.append(f"{key}: {'—' if score is None else f'{score:.3f}'} ({shown})")
         chosen = "—" if s["chosen_lr"] is None else f"{s['chosen_lr']:g}"
         lines.append(f"| {name} | {'; '.join(cells)} | {chosen} |")
+    if report["missing"]:
+        lines += ["", "Not run yet: " + "; ".join(report["missing"]) + "."]
     methods = report["methods"]
     if methods:
         level_names = [units_k(x) for x in p["levels"]]
