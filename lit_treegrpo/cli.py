@@ -6,6 +6,8 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   ``tensorboard/`` (one fixed folder, so a resumed run appends to the same curves) and checkpoints
   in ``checkpoints/`` with ``last.ckpt`` always kept. Lightning's default puts "last" under a new
   logger version, so ``--ckpt_path last`` silently starts over; here the folder is fixed.
+  ``last.ckpt`` holds every fit's final state, and a moved or copied run folder resumes into its
+  own ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`).
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
   clear message when there is none.
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
@@ -52,7 +54,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .callbacks import CheckpointOnInterrupt
+from .callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
 from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_checkpoint
 from .cli_checks import check_config
 from .cli_errors import (
@@ -266,7 +268,9 @@ class TreeGRPOCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Fixed run folders: checkpoints in <root>/checkpoints (last.ckpt kept), TensorBoard in
         <root>/tensorboard, whatever logger version Lightning would otherwise open; atomic
-        checkpoint writes unless the trainer is given its own CheckpointIO."""
+        checkpoint writes unless the trainer is given its own CheckpointIO; last.ckpt written at
+        the end of every fit, and kept in place when the folder was moved or copied
+        (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`)."""
         root = Path(config.get("default_root_dir") or DEFAULT_ROOT)
         everything = list(config.get("callbacks") or []) + list(callbacks)
         checkpoints = [c for c in everything if isinstance(c, ModelCheckpoint)]
@@ -283,6 +287,8 @@ class TreeGRPOCLI(LightningCLI):
             callbacks = [*callbacks, ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True)]
         if not any(isinstance(c, CheckpointOnInterrupt) for c in everything):
             callbacks = [*callbacks, CheckpointOnInterrupt()]
+        if not any(isinstance(c, KeepLastCheckpoint) for c in everything):
+            callbacks = [*callbacks, KeepLastCheckpoint()]
         if config.get("logger") in (None, True):
             # no placeholder hp_metric: it would open the event file before anything is measured
             config["logger"] = RunTensorBoardLogger(
