@@ -246,6 +246,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         over once, so that its memory goes with Lightning's copy."""
         self._preloaded = (os.path.abspath(path), checkpoint)
 
+    def forget_preloaded(self) -> None:
+        """Drop a preloaded checkpoint that was not asked for (a strategy that reads its files
+        itself), so that it does not stay in memory for the whole run."""
+        self._preloaded = None
+
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or not _is_local_file_protocol(path):
@@ -291,6 +296,9 @@ def guard_strategy_load(strategy: Any) -> None:
                     f"--ckpt_path: {checkpoint_path} holds objects that the safe unpickler refuses ({what}); it was "
                     "not written by this project's fit and may be hostile, so it is not loaded"
                 ) from None
+            finally:
+                if isinstance(strategy.checkpoint_io, AtomicCheckpointIO):
+                    strategy.checkpoint_io.forget_preloaded()
 
     strategy.load_checkpoint = load_checkpoint
 

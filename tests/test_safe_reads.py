@@ -128,10 +128,12 @@ def test_fsdp_strategys_own_unpickler_is_bypassed(tmp_path: Path) -> None:
     strategy.model = torch.nn.Linear(1, 1)
     strategy._lightning_module = torch.nn.Linear(1, 1)  # what load_checkpoint asserts is there
     strategy.checkpoint_io = AtomicCheckpointIO()
+    strategy.checkpoint_io.preload(tmp_path / "other.ckpt", {"state_dict": {}})
     guard_strategy_load(strategy)
     with pytest.raises(CorruptCheckpointError, match=r"\(the global builtins\.exec\)"):
         strategy.load_checkpoint(path, weights_only=False)
     assert not marker.exists()
+    assert strategy.checkpoint_io._preloaded is None  # a copy not asked for is not kept for the whole run
     assert fsdp._lazy_load.__name__ == "_lazy_load"  # restored after the load
 
 
