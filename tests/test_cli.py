@@ -332,8 +332,8 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
     assert kind == "unpickling refused"
     torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
     return ["--ckpt_path", str(path)], (
-        f"--ckpt_path: {path} holds objects that torch.load refuses to unpickle safely (Unsupported global: GLOBAL "
-        "tests.test_cli.Opaque); it was not written by this project's fit")
+        f"--ckpt_path: {path} holds objects that the safe unpickler refuses (the global tests.test_cli.Opaque); it was "
+        "not written by this project's fit and may be hostile, so it is not loaded")
 
 
 @pytest.mark.parametrize(
@@ -354,8 +354,8 @@ def _full_disk(obj: Any, f: Any) -> None:
 @pytest.mark.parametrize(
     ("kind", "args", "message"),
     [
-        ("Lightning's MisconfigurationException", ["--trainer.devices", "0"],
-         "error: the trainer's settings (--trainer.*): `Trainer(devices='0')` value is not a valid input using cpu accelerator"),
+        ("Lightning's MisconfigurationException", ["--trainer.profiler", "nope"],
+         "error: the trainer's settings (--trainer.*): When passing string value for the `profiler` parameter of `Trainer`, it can only be one of"),
         ("a model not in the hub cache, offline", ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
          "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read"),
         ("a full disk during the save", ["--trainer.max_steps", "1"],
