@@ -46,10 +46,11 @@ the rollout's tree     sources, edges, leaf latents and the prompts' conditionin
 =====================  =========================================================================
 
 Calibrated on CPU (``benchmarks/training_memory.py``: the peak of live tensor bytes during the
-forward and backward of 1, 4 and 16 parents): the per-parent cost came within -5 % / +45 % of the
-measured slope on the tiny SD3 and SD1.5 models, with and without checkpointing and CFG; the
-estimate leaves out a few hundred kB per forward that no row pays for (the ``1 - fraction``
-headroom covers them) and the decoded images of the step (float32 pixels, held too).
+forward and backward of 1, 4 and 16 parents): the per-parent cost came within -4 % / +39 % of the
+measured slope on the tiny SD3 and SD1.5 models, with and without checkpointing and CFG (the
+checkpointed tiny SD3 the low end, 7 % under its peak at 16 parents). The estimate leaves out a few
+hundred kB per forward that no row pays for, and the decoded images of the step (float32 pixels,
+held too): the ``1 - fraction`` headroom is for them. Not yet calibrated on a GPU.
 """
 
 from __future__ import annotations
