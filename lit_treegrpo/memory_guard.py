@@ -157,12 +157,14 @@ def one_prompt(adapter: Any, datamodule: Any) -> tuple[Any, Tensor]:
 
 
 @contextlib.contextmanager
-def _checkpoint_regions_known(denoiser: nn.Module) -> Iterator[None]:
+def _checkpoint_regions_known(denoiser: nn.Module | None) -> Iterator[None]:
     """Gradient checkpointing switched on while the probe runs, where the denoiser supports it
     (diffusers' ``enable_gradient_checkpointing``) and it is off: the probe then sees the regions
     it would checkpoint (and runs them directly, so the count is the same), and can say what
     checkpointing would save. Switched off again afterwards."""
-    supported = getattr(denoiser, "_supports_gradient_checkpointing", False) and hasattr(denoiser, "disable_gradient_checkpointing")
+    supported = getattr(denoiser, "_supports_gradient_checkpointing", False) and hasattr(
+        denoiser, "disable_gradient_checkpointing"
+    )
     if not supported or getattr(denoiser, "is_gradient_checkpointing", True):
         yield
         return
@@ -191,7 +193,7 @@ def probe_training(adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor) -> Sa
         out = adapter.predict(x, step, row)  # [1, *S]
         adapter.step(out[group], x[group], step[group], stochastic=True, prev_sample=x[group])
 
-    with _checkpoint_regions_known(adapter.denoiser):
+    with _checkpoint_regions_known(getattr(adapter, "denoiser", None)):
         return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
 
 
@@ -218,9 +220,8 @@ def check_training_memory(
     any_rank: Callable[[bool], bool], fixes: str,
 ) -> int | None:  # fmt: skip
     """The most parents one training forward can take on this rank by the estimate (None: the memory
-    cannot be measured). Raise
-    :class:`TrainingMemoryError` when not even one fits in ``guard.fraction`` of the ``available``
-    memory, here or, through ``any_rank``, on another rank. ``largest``: parents of the largest
+    cannot be measured). Raise :class:`TrainingMemoryError` when not even one fits in
+    ``guard.fraction`` of the ``available`` memory, here or, through ``any_rank``, on another rank. ``largest``: parents of the largest
     micro-batch (in the warning when the memory cannot be measured); ``fixes``: the options that
     would make a parent fit, for the message."""
     available_bytes, where = available
