@@ -401,6 +401,30 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
     assert drawn == []  # the estimate came before the prompt stream drew anything
 
 
+def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
+    from lit_treegrpo.core.spec import TreeSpec
+    from lit_treegrpo.memory_guard import probe_training
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+
+    # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent
+    # of the training pass (AdamW's two moments to come) does not
+    adapter, spec = TinySD3Adapter(seed=0, num_steps=4, guidance_scale=1.0), TreeSpec(4, branch_steps=(0, 1), branching=2)
+    cond = adapter.encode_prompts(["a red circle"])
+    noise = adapter.initial_noise(1, torch.Generator().manual_seed(0))
+    trainable = sum(p.numel() * p.element_size() for p in adapter.trainable_parameters())
+    one = training_memory(probe_training(adapter, spec, cond, noise), checkpointing=False, trainable_bytes=trainable,
+                          optimizer_state_bytes=2 * trainable,
+                          held_bytes=held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond))).total(1)  # fmt: skip
+    budget = (one - 1000) / 0.9
+    assert rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond)).total < budget * 0.9
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb",
+                       str(budget / 1e9), "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: memory guard: the training pass cannot fit even one parent per forward: it needs about "), line
+    assert "turn on --model.adapter.init_args.gradient_checkpointing" in line and "lower --data.batch_size" in line
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
 def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:
     always_nan = '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0, 1, 2, 3, 4, 5, 6, 7]}}'
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", always_nan,
