@@ -364,9 +364,6 @@ class TreeGRPOCLI(LightningCLI):
         # built: a fit that fails to load keeps the earlier run
         if self._clear_before_fit is not None:
             clear_run(self._clear_before_fit)
-        for callback in self.trainer.callbacks:
-            if isinstance(callback, RunConfigRecord):
-                callback.resuming = self._ckpt_path is not None  # announces what the resume changes
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:

@@ -21,13 +21,11 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
@@ -44,7 +42,7 @@ from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
 from .prompt_stream import PromptBatch
-from .resume import check_resumable, configured_options, fingerprint, retune
+from .resume import check_resumable, fingerprint
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings, data_parallel_mesh
 from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
@@ -129,10 +127,6 @@ class TreeGRPOModule(LightningModule):
                        adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
-        self._reward_record = {  # what a resume must share (the reward's weights and loader arguments)
-            "reward": reward if isinstance(reward, (str, dict)) else type(reward).__name__,
-            "reward_kwargs": dict(reward_kwargs or {}),
-        }
         self.tree = tree
         self.rollout_limits = rollout
         self.advantage = advantage
@@ -193,16 +187,14 @@ class TreeGRPOModule(LightningModule):
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
-        optimizer = self._optimizer(self.adapter.trainable_parameters())
+        params = self.adapter.trainable_parameters()
+        if self.optimizer_factory is None:
+            optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=1e-4)
+        else:
+            optimizer = self.optimizer_factory(params)
         if self.lr_scheduler_factory is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
-
-    def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if self.optimizer_factory is None:
-            return torch.optim.AdamW(params, lr=1e-5, weight_decay=1e-4)
-        return self.optimizer_factory(params)
-
 
     # ------------------------------------------------------------------------ randomness
     def _generators(self, stream: int, first_position: int, count: int) -> list[torch.Generator]:
@@ -520,10 +512,7 @@ class TreeGRPOModule(LightningModule):
         return [n for n, p in self.named_parameters() if p.requires_grad]
 
     def _fingerprint(self) -> dict[str, Any]:
-        shapes = {n: tuple(p.shape) for n, p in self.named_parameters() if p.requires_grad}
-        lora = getattr(self.adapter, "lora", None)
-        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, shapes,
-                           lora=None if lora is None else asdict(lora), reward=self._reward_record)  # fmt: skip
+        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, self._trainable_names())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = set(self._trainable_names())
@@ -541,12 +530,6 @@ class TreeGRPOModule(LightningModule):
             raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
         # (a sharded strategy loads the weights itself and hands over no "state_dict")
         check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
-        if self._trainer is not None and self.trainer.state.fn == "fit":
-            # the optimizer and scheduler states come back with the checkpoint's options: this
-            # run's (the ones its config record states) replace them, and the change is said
-            changes = retune(checkpoint, *configured_options(self._optimizer, self.lr_scheduler_factory))
-            if changes:
-                rank_zero_info(f"the optimizer resumes with this run's options: {'; '.join(changes)}")
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
         # a checkpoint from before compute was counted starts the count at its iteration from 0

@@ -30,13 +30,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 try:
@@ -231,8 +229,6 @@ class RunConfigRecord(SaveConfigCallback):
     """Save a fit's configuration without replacing an earlier one (see the module docstring)."""
 
     _folder: str | None = None
-    resuming = False
-    """Set by the CLI for a fit from a checkpoint: its options are compared with the newest record."""
     written_to: Path | None = None
     """The record this fit wrote (global rank 0), once it has."""
 
@@ -242,10 +238,6 @@ class RunConfigRecord(SaveConfigCallback):
         # folder now (``log_dir`` is a collective call, so every rank makes it)
         if trainer.state.fn == TrainerFn.FITTING and self.save_to_log_dir and self._folder is None:
             self._folder = trainer.log_dir
-            if self.resuming and trainer.is_global_zero and self._folder is not None:
-                changes = changed_options(Path(self._folder), self.parser.dump(self.config, skip_none=False))
-                if changes:
-                    rank_zero_info(f"resumed with changed options: {'; '.join(changes)}")
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
@@ -302,37 +294,6 @@ class RunTensorBoardLogger(TensorBoardLogger):
         return SummaryWriter(log_dir=self.log_dir, **self._kwargs)
 
 
-#: options a resume does not announce here: the checkpoint refuses the ones that shape the weights
-#: (lit_treegrpo.resume), the module announces the optimizer's and scheduler's against the
-#: checkpoint's own state, and the rest say how this command was started
-NOT_ANNOUNCED = ("model.adapter", "model.tree", "model.reward", "model.reward_kwargs", "model.optimizer",
-                 "model.lr_scheduler", "ckpt_path", "overwrite", "config")  # fmt: skip
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
-
-
-def changed_options(folder: Path, current: str) -> list[str]:
-    """``--option old -> new`` for each option the resumed fit's configuration (YAML ``current``)
-    sets otherwise than the newest config record in ``folder`` (none: nothing to compare with)."""
-    records = sorted(folder.glob("config*.yaml"), key=lambda p: int(p.stem.partition("-")[2] or 1))
-    if not records:
-        return []
-    old, new = _flat(yaml.safe_load(records[-1].read_text()) or {}), _flat(yaml.safe_load(current) or {})
-    changed = []
-    for key in sorted(set(old) | set(new)):
-        if key.startswith(NOT_ANNOUNCED) or old.get(key) == new.get(key):
-            continue
-        changed.append(f"--{key} {old.get(key)} -> {new.get(key)}")
-    return changed
-
-
 def write_new_record(folder: Path, text: str) -> Path:
     """Write ``text`` to the first free name of ``config.yaml``, ``config-2.yaml``, ... in ``folder``
     (created exclusively, so two writers never share a name)."""
@@ -355,7 +316,6 @@ __all__ = [
     "RunFolderError",
     "RunLock",
     "RunTensorBoardLogger",
-    "changed_options",
     "check_new_run",
     "clear_run",
     "launch_rank",
