@@ -54,7 +54,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import CheckpointOnInterrupt
 from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_checkpoint
-from .cli_checks import check_config
+from .cli_checks import adapter_config, check_config, check_resume_options
 from .cli_errors import (
     RUN_FAULTS,
     USER_ERRORS,
@@ -213,6 +213,8 @@ class TreeGRPOCLI(LightningCLI):
             except RunFolderError as err:
                 raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
+        if self.subcommand == "fit" and self._ckpt_path not in (None, "best", "hpc", "registry"):
+            check_resume_options(config, self._ckpt_path)  # the resume rules, before the model loads
         if self.subcommand == "export":
             check_out(config.get("out"))  # before the model loads
         if owner:
@@ -343,6 +345,8 @@ class TreeGRPOCLI(LightningCLI):
         # built: a fit that fails to load keeps the earlier run
         if self._clear_before_fit is not None:
             clear_run(self._clear_before_fit)
+        # recorded in checkpoints, so that a resume can refuse another adapter option by name
+        self.model.adapter_config = adapter_config(self.config["fit"]["model"])
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:
