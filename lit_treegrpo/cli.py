@@ -7,7 +7,9 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   in ``checkpoints/`` with ``last.ckpt`` always kept. Lightning's default puts "last" under a new
   logger version, so ``--ckpt_path last`` silently starts over; here the folder is fixed.
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
-  clear message when there is none.
+  clear message when there is none. A resume follows the resume rules (:mod:`lit_treegrpo.resume`,
+  docs/configs.md): an option that shaped the checkpoint's weights may not change (refused before
+  the model loads), the others apply over the restored state, and the changes are said.
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before

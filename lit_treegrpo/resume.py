@@ -36,9 +36,10 @@ NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_d
 ADAPTER_MEMORY_OPTIONS = ("gradient_checkpointing", "decode_batch_size")
 
 #: (fingerprint key, the option it records, compared by field (True) or as one value (False),
-#: compared for every command (True) or only when a fit resumes (False)). What a resumed *fit* may
-#: not change; validate / test / predict / export only need the weights to fit the model, and may
-#: evaluate with another reward, guidance scale ...
+#: compared for every command (True) or only when a fit resumes (False)), in the order
+#: :func:`check_resumable` compares them: :data:`FIELDS`, the trainable tensors, the tree,
+#: :data:`LATER_FIELDS`. A resumed fit may change none of them; validate / test / predict / export
+#: only need the weights to fit the model, and may evaluate them with another reward, guidance ...
 FIELDS: tuple[tuple[str, str, bool, bool], ...] = (
     ("adapter", "--model.adapter", False, True),
     ("adapter_config", "--model.adapter.init_args", True, False),
@@ -334,7 +335,8 @@ class ConfiguredOptimizer:
 
     @classmethod
     def record(cls, optimizer: torch.optim.Optimizer) -> ConfiguredOptimizer:
-        return cls([{k: copy.deepcopy(v) for k, v in g.items() if k not in GROUP_BOOKKEEPING} for g in optimizer.param_groups])
+        groups = optimizer.param_groups
+        return cls([{k: copy.deepcopy(v) for k, v in g.items() if k not in GROUP_BOOKKEEPING} for g in groups])
 
     def add_scheduler(self, scheduler: Any) -> None:
         self.scheduler = type(scheduler).__name__
