@@ -9,7 +9,9 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   ``last.ckpt`` holds every fit's final state, and a moved or copied run folder resumes into its
   own ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`).
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
-  clear message when there is none.
+  clear message when there is none. A resume follows the resume rules (:mod:`lit_treegrpo.resume`,
+  docs/configs.md): an option that shaped the checkpoint's weights may not change (refused before
+  the model loads), the others apply over the restored state, and the changes are said.
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
@@ -59,7 +61,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
 from .checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
-from .cli_checks import check_config
+from .cli_checks import adapter_config, check_config, check_resume_options
 from .cli_errors import (
     RUN_FAULTS,
     USER_ERRORS,
@@ -225,6 +227,9 @@ class TreeGRPOCLI(LightningCLI):
             except RunFolderError as err:
                 raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
+        if self.subcommand == "fit" and self._ckpt_path not in (None, "best", "hpc", "registry"):
+            assert self._checkpoint is not None  # read by _checked_ckpt_path
+            check_resume_options(config, self._checkpoint, self._ckpt_path)  # the resume rules, before the model loads
         if self.subcommand == "export":
             check_out(config.get("out"))  # before the model loads
         if owner:
@@ -364,6 +369,8 @@ class TreeGRPOCLI(LightningCLI):
         # built: a fit that fails to load keeps the earlier run
         if self._clear_before_fit is not None:
             clear_run(self._clear_before_fit)
+        # recorded in checkpoints, so that a resume can refuse another adapter option by name
+        self.model.adapter_config = adapter_config(self.config["fit"]["model"])
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:

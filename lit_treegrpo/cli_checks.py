@@ -19,7 +19,9 @@ import inspect
 import math
 import re
 import warnings
+from dataclasses import asdict
 from datetime import timedelta
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from .core.loss import ClippedPolicyLoss
 from .core.pruning import PruningConfig
 from .core.spec import RolloutLimits, TreeSpec
 from .data import PromptDataModule
+from .resume import ADAPTER_MEMORY_OPTIONS, check_resumable, class_record, fingerprint_of, plain, reward_record
 from .rewards import REWARDS, check_reward_names
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
 
@@ -263,7 +266,6 @@ def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> Non
     fast_dev_run = trainer.get("fast_dev_run")
     if _number(fast_dev_run) and fast_dev_run < 0:
         raise UserError(f"--trainer.fast_dev_run must be false, true or a number of batches >= 0, got {fast_dev_run}")
-    max_steps = trainer.get("max_steps")
     for name, also in (("max_steps", ""), ("max_epochs", ", or null")):
         value = trainer.get(name)
         if _number(value) and value < -1:
@@ -393,3 +395,51 @@ def check_reward_arguments(names: list[str], kwargs: dict[str, dict[str, Any]]) 
         if missing:
             raise UserError(f"--model.reward_kwargs.{name}.{missing[0]}: reward {name!r} needs it; "
                             f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'")  # fmt: skip
+
+
+def adapter_config(model: Any) -> dict[str, Any] | None:
+    """The adapter's ``init_args`` as configured, less the memory knobs a resume may change
+    (:data:`~lit_treegrpo.resume.ADAPTER_MEMORY_OPTIONS`): what a checkpoint records of them
+    (``TreeGRPOModule.adapter_config``). None when the adapter is no ``class_path`` spec."""
+    adapter = model.get("adapter")
+    if not isinstance(adapter, Namespace) or "init_args" not in adapter:
+        return None
+    args = _plain(adapter.get("init_args")) or {}
+    return {k: plain(v) for k, v in args.items() if k not in ADAPTER_MEMORY_OPTIONS}
+
+
+def configured_fingerprint(config: Any) -> dict[str, Any]:
+    """What the options alone say of a resume's fingerprint (:func:`lit_treegrpo.resume.fingerprint`:
+    no trainable tensors, which need the model), built as the module builds its own."""
+    model = config["model"]
+    adapter = model.get("adapter")
+    found: dict[str, Any] = {}
+    if isinstance(adapter, Namespace) and adapter.get("class_path"):
+        found["adapter"] = str(adapter["class_path"]).rpartition(".")[2]
+    args = adapter_config(model)
+    if args is not None:
+        found["adapter_config"] = args
+        if "num_steps" in args:
+            found["num_steps"] = args["num_steps"]
+    found["tree"] = asdict(TreeSpec.from_dict(_plain(model["tree"])))
+    found["reward"] = reward_record(_plain(model.get("reward")))
+    found["reward_kwargs"] = _plain(model.get("reward_kwargs")) or {}
+    found["advantage"] = plain(AdvantageSettings(**_plain(model["advantage"])))
+    loss = _loss(model.get("loss"))
+    if loss is not None:
+        found["loss"] = class_record(loss)
+    found["seed"] = model.get("seed")
+    optimizer = model.get("optimizer")
+    if isinstance(optimizer, Namespace) and optimizer.get("class_path"):
+        found["optimizer"] = str(optimizer["class_path"]).rpartition(".")[2]
+    return found
+
+
+def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str) -> None:
+    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads):
+    refuse an option it may not change (:func:`lit_treegrpo.resume.check_resumable`; ``ValueError``,
+    one line). The module checks again when the checkpoint loads, with what only the model knows
+    (the trainable tensors), and a checkpoint that records none of this is left to it."""
+    saved = fingerprint_of(checkpoint)
+    if saved is not None:
+        check_resumable(saved, configured_fingerprint(config), None, fitting=True, where=f"the checkpoint {ckpt_path}")

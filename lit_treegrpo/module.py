@@ -21,12 +21,15 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from .core.advantages import tree_advantages
@@ -42,7 +45,18 @@ from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
 from .prompt_stream import PromptBatch
-from .resume import check_resumable, fingerprint
+from .resume import (
+    ADAPTER_MEMORY_OPTIONS,
+    ConfiguredOptimizer,
+    apply_optimizer_options,
+    changed_settings,
+    check_resumable,
+    class_record,
+    fingerprint,
+    init_options,
+    refusal,
+    reward_record,
+)
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings, data_parallel_mesh
 from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
@@ -127,6 +141,7 @@ class TreeGRPOModule(LightningModule):
                        adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
+        self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
         self.tree = tree
         self.rollout_limits = rollout
         self.advantage = advantage
@@ -162,6 +177,11 @@ class TreeGRPOModule(LightningModule):
         self.compute_spent = Compute()  # the run's counted work so far; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
+        self.adapter_config: dict[str, Any] | None = None
+        """The adapter's ``init_args`` as configured, which the CLI sets (a checkpoint records it,
+        so that a resume that changes one is refused by name: docs/configs.md, resume rules)."""
+        self._configured: ConfiguredOptimizer | None = None  # this run's optimizer options, as built
+        self._resumed: dict[str, Any] | None = None  # what a resumed fit's checkpoint recorded
 
     @property
     def fault_counts(self) -> dict[str, int]:
@@ -192,9 +212,15 @@ class TreeGRPOModule(LightningModule):
             optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=1e-4)
         else:
             optimizer = self.optimizer_factory(params)
+        # a resumed fit restores the checkpoint's optimizer state over these: on_train_start puts
+        # this run's options back (resume.apply_optimizer_options)
+        self._configured = ConfiguredOptimizer.record(optimizer)
         if self.lr_scheduler_factory is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+        scheduler = self.lr_scheduler_factory(optimizer)
+        self._configured.add_scheduler(scheduler)
+        self._keep_foreign_scheduler_state_out()
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     # ------------------------------------------------------------------------ randomness
     def _generators(self, stream: int, first_position: int, count: int) -> list[torch.Generator]:
@@ -489,6 +515,34 @@ class TreeGRPOModule(LightningModule):
         return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
     # ------------------------------------------------------------------------ checkpoints
+    def setup(self, stage: str) -> None:
+        self._resumed = None  # set again by on_load_checkpoint when this fit resumes
+
+    def on_train_start(self) -> None:
+        """A resumed fit: Lightning has restored the checkpoint's optimizer and scheduler state by
+        now; this run's options replace what the restore brought back, said in one line."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is None or self._configured is None:
+            return
+        saved_optimizer, mine = resumed["fingerprint"].get("optimizer"), self._optimizer_name()
+        if saved_optimizer is not None and saved_optimizer != mine:
+            raise refusal("--model.optimizer", resumed["where"], saved_optimizer, mine)
+        configs = self.trainer.lr_scheduler_configs
+        changes = apply_optimizer_options(self.trainer.optimizers[0], configs[0].scheduler if configs else None,
+                                          self._configured, resumed["settings"].get("lr_scheduler"),
+                                          resumed["schedulers"] > 0)  # fmt: skip
+        changes += changed_settings(resumed["settings"], self._settings())
+        if changes:
+            rank_zero_info(f"resumed with {', '.join(changes)}")
+
+    def _keep_foreign_scheduler_state_out(self) -> None:
+        """Once both this run's scheduler and the checkpoint's are known (configure_optimizers
+        comes after on_load_checkpoint, or before it under a sharded strategy), and before
+        Lightning restores the scheduler: another class's state is not loaded into this one."""
+        if self._resumed is not None and self._configured is not None:
+            self._configured.replace_foreign_state(self._resumed["settings"].get("lr_scheduler"),
+                                                   self._resumed["scheduler_states"])  # fmt: skip
+
     def on_fit_start(self) -> None:
         self._sync_data_stream()
         spec = self.tree.at(self.iteration, self.seed)
@@ -512,7 +566,50 @@ class TreeGRPOModule(LightningModule):
         return [n for n, p in self.named_parameters() if p.requires_grad]
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, self._trainable_names())
+        """What a resumed fit must share with the run that wrote the checkpoint (resume.FIELDS)."""
+        shapes = {n: tuple(p.shape) for n, p in self.named_parameters() if p.requires_grad}
+        reward, reward_kwargs = self._reward_record
+        recorded: dict[str, Any] = {
+            "lora": self.adapter.lora,
+            "adapter_options": init_options(self.adapter, skip=ADAPTER_MEMORY_OPTIONS),
+            "reward": reward,
+            "reward_kwargs": reward_kwargs,
+            "advantage": self.advantage,
+            "loss": class_record(self.loss_fn),
+            "seed": self.seed,
+        }
+        if self.adapter_config is not None:
+            recorded["adapter_config"] = self.adapter_config
+        if self._optimizer_name() is not None:
+            recorded["optimizer"] = self._optimizer_name()
+        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, shapes, **recorded)
+
+    def _optimizer_name(self) -> str | None:
+        optimizers = self._trainer.optimizers if self._trainer is not None else []
+        return type(optimizers[0]).__name__ if optimizers else None
+
+    def _settings(self) -> dict[str, Any]:
+        """The options a resume may change (resume.SETTINGS_OPTIONS), recorded so that it says
+        which it changed."""
+        datamodule = self._datamodule()
+        settings: dict[str, Any] = {
+            "minibatches": self.minibatches,
+            "edges_per_update": self.edges_per_update,
+            "accumulate": self.accumulate,
+            "inner_epochs": self.inner_epochs,
+            "grad_clip": self.grad_clip,
+            "val_seed": self.val_seed,
+            "val_samples": self.val_samples,
+            "rollout": asdict(self.rollout_limits),
+            "pruning": asdict(self.pruning),
+            "faults": asdict(self.faults),
+            "memory_guard": asdict(self.memory_guard),
+            "compute_cost": asdict(self.compute_cost),
+            "lr_scheduler": self._configured.scheduler if self._configured is not None else None,
+        }
+        if datamodule is not None and hasattr(datamodule, "per_rank_batch_size") and self._trainer is not None:
+            settings["global_batch_size"] = datamodule.per_rank_batch_size() * self.trainer.world_size
+        return settings
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = set(self._trainable_names())
@@ -522,14 +619,26 @@ class TreeGRPOModule(LightningModule):
             "fingerprint": self._fingerprint(),
             "faults": self.fault_ledger.state_dict(),
             "compute": self.compute_spent.as_dict(),
+            "settings": self._settings(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("lit_treegrpo")
         if saved is None:
             raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
-        # (a sharded strategy loads the weights itself and hands over no "state_dict")
-        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        where = f"the checkpoint {path}" if path else "the checkpoint"
+        # what shaped the weights is compared for a resumed fit only: validate / test / predict /
+        # export may evaluate them with another reward. (A sharded strategy loads the weights
+        # itself and hands over no "state_dict".)
+        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"), fitting=fitting,
+                        where=where)  # fmt: skip
+        if fitting:
+            self._resumed = {"where": where, "fingerprint": saved["fingerprint"], "settings": saved.get("settings") or {},
+                             "schedulers": len(checkpoint.get("lr_schedulers") or []),
+                             "scheduler_states": checkpoint.get("lr_schedulers")}  # fmt: skip
+            self._keep_foreign_scheduler_state_out()
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
         # a checkpoint from before compute was counted starts the count at its iteration from 0

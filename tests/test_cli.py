@@ -124,9 +124,11 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monk
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (["--model.tree.branching", "3"], "the checkpoint was trained with tree"),
+        (["--model.tree.branching", "3"], "error: --model.tree.branching: the checkpoint {ckpt} was trained with 2, this run has 3; "
+         "resume with 2, or start a new run (--overwrite true or another --trainer.default_root_dir)"),
         (["--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4"],
-         "the checkpoint's adapter differs"),
+         "error: --model.adapter: the checkpoint {ckpt} was trained with TinySD3Adapter, this run has TinySD15Adapter; "
+         "resume with TinySD3Adapter"),
     ],
 )
 def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
@@ -135,11 +137,12 @@ def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, 
     base = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
     main([*base, "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
     before = snapshot(tmp_path)
+    message = message.format(ckpt=tmp_path / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit) as exit_info:
         main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change, "--trainer.default_root_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
-    # refused after the model loaded: still no config record, event file or lock left behind
+    # refused (before the model loads: the resume rules, docs/configs.md): no config record, event file or lock left behind
     assert snapshot(tmp_path) == before
     if "--model.adapter" in change:
         return

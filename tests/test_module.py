@@ -562,8 +562,8 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
     assert model.iteration == 3
-    saved["tree"]["branching"] = 3  # still another tree is refused
-    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+    saved["tree"]["branching"] = 3  # still another tree is refused, naming the option and the checkpoint's value
+    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; resume with 3, or start a new run"):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
 
 
@@ -607,11 +607,15 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     saved = old["lit_treegrpo"]
     mine = {"state_dict": full.state_dict()}
     full.on_save_checkpoint(mine)
-    # (the compute counter came later; a checkpoint without it resumes with the count at 0)
+    # (the compute counter and the settings came later; a checkpoint without them resumes with the
+    # count at 0 and nothing to say about changed settings)
     assert list(saved) == ["iteration", "fingerprint", "faults"]
-    assert list(mine["lit_treegrpo"]) == [*saved, "compute"]
+    assert list(mine["lit_treegrpo"]) == [*saved, "compute", "settings"]
     ours, theirs = mine["lit_treegrpo"]["fingerprint"], saved["fingerprint"]
-    assert {k: v for k, v in ours.items() if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
+    assert {k: ours[k] for k in theirs if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
+    # the fields recorded since are compared only when both sides hold them: the old file resumed above
+    assert set(ours) - set(theirs) == {"shapes", "lora", "adapter_options", "reward", "reward_kwargs", "advantage",
+                                       "loss", "seed", "optimizer"}  # fmt: skip
     # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
     migrated = {k: v for k, v in theirs["tree"].items() if k not in ("max_batch", "max_leaves")}
     assert ours["tree"] == {**migrated, "shared_noise": False} and "max_batch" in theirs["tree"]
@@ -636,7 +640,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
     shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused
-    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint \S+ was trained with 2, this run has 3"):
         made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(shape_changed, made.data(), ckpt_path=committed)
 
 
