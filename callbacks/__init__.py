@@ -23,6 +23,9 @@
 - :class:`CheckpointOnInterrupt`: SIGTERM or a first Ctrl-C stops a fit after the step in flight
   and writes ``last.ckpt``; validate / test / predict stop before their next batch and write
   nothing (the CLI adds it to every trainer).
+- :class:`KeepLastCheckpoint`: ``last.ckpt`` holds a fit's final state however it ends, and a
+  moved or copied run folder resumes into its own ``last.ckpt`` (the CLI adds it beside every
+  ``ModelCheckpoint``).
 
 Every callback is resumable through ``state_dict`` / ``load_state_dict``. The folder sits at the
 repository top level (the design card) and pyproject's ``package-dir`` maps it into the package;
@@ -33,6 +36,7 @@ from .ema import EMA
 from .export import ExportOnTrainEnd
 from .interrupt import CheckpointOnInterrupt
 from .iterations import IterationLimit, run_iterations
+from .last_checkpoint import KeepLastCheckpoint
 from .progress import CompactModelSummary, ProgressLines
 from .pruning import PruningSchedule
 from .reward_metrics import RewardMetrics, RewardStats, SampleDiversity
@@ -45,6 +49,7 @@ __all__ = [
     "CompactModelSummary",
     "ExportOnTrainEnd",
     "IterationLimit",
+    "KeepLastCheckpoint",
     "ProgressLines",
     "PruningSchedule",
     "RewardMetrics",

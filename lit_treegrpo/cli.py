@@ -6,8 +6,12 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   ``tensorboard/`` (one fixed folder, so a resumed run appends to the same curves) and checkpoints
   in ``checkpoints/`` with ``last.ckpt`` always kept. Lightning's default puts "last" under a new
   logger version, so ``--ckpt_path last`` silently starts over; here the folder is fixed.
+  ``last.ckpt`` holds every fit's final state, and a moved or copied run folder resumes into its
+  own ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`).
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
-  clear message when there is none.
+  clear message when there is none. A resume follows the resume rules (:mod:`lit_treegrpo.resume`,
+  docs/configs.md): an option that shaped the checkpoint's weights may not change (refused before
+  the model loads), the others apply over the restored state, and the changes are said.
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
@@ -16,6 +20,10 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   status 1.
 - Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
   truncated or corrupt ``--ckpt_path`` is reported before any model loads.
+- ``--ckpt_path`` is read once, with torch's safe unpickler, before any model loads
+  (:func:`~lit_treegrpo.checkpoint.read_checkpoint`); what was read is handed to Lightning's restore,
+  the EMA choice and export, so a file swapped on disk afterwards is never read. Every other
+  checkpoint load is ``weights_only=True`` too (``--weights_only false`` is refused).
 - SIGTERM or a first Ctrl-C stops a fit after the training step in flight and writes
   ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits
   with status 0. ``validate`` / ``test`` / ``predict`` never write a checkpoint: interrupted, they
@@ -44,7 +52,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from jsonargparse import set_parsing_settings
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -52,9 +59,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .callbacks import CheckpointOnInterrupt
-from .checkpoint import AtomicCheckpointIO, check_checkpoint, check_lightning_checkpoint
-from .cli_checks import check_config
+from .callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
+from .checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
+from .cli_checks import adapter_config, check_config, check_resume_options
 from .cli_errors import (
     RUN_FAULTS,
     USER_ERRORS,
@@ -98,6 +105,7 @@ class TreeGRPOCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
         self._verified: str | None = None  # the --ckpt_path file already checked
+        self._checkpoint: dict[str, Any] | None = None  # what was read from it, handed to its users
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
         self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
@@ -178,14 +186,15 @@ class TreeGRPOCLI(LightningCLI):
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
-        # Lightning's hook reads the hyper-parameters of an explicit --ckpt_path file with
-        # torch.load before anything else: check the file first, so a corrupt one, or one that is
-        # no Lightning checkpoint, is reported in one line instead of as a traceback
+        # Lightning's hook reads an explicit --ckpt_path file a second time, to merge its
+        # hyper_parameters into the configuration. This module saves none, so a checkpoint that
+        # holds some was written by something else, and a configuration taken from a file can name
+        # any class to build: the configuration is the command line's alone. The file is read once
+        # here (a corrupt, hostile or non-Lightning one reported in one line) and kept
         subcommand = self.config.get("subcommand")
         given = self.config[subcommand].get("ckpt_path") if subcommand else None
         if given not in (None, "last", "best", "hpc", "registry") and Path(given).is_file():
             self._verify_checkpoint(Path(given), "--ckpt_path")
-        super()._parse_ckpt_path()
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
@@ -199,7 +208,12 @@ class TreeGRPOCLI(LightningCLI):
         """Checks that need no model, made before any weights load (minutes for SD3.5); then a
         fit takes its run folder (:meth:`_take_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        check_config(config)
+        check_config(config, subcommand=self.subcommand)
+        if config.get("weights_only") is False:
+            raise UserError(
+                "--weights_only false: checkpoints are loaded with torch's safe unpickler only (they hold "
+                "tensors and plain values; anything else may be hostile); drop the option"
+            )
         limit = config.get("max_iterations")
         if limit is not None and limit < 1:
             raise UserError(f"--max_iterations must be >= 1, got {limit}; or leave it out to stop at --trainer.max_steps")
@@ -213,6 +227,9 @@ class TreeGRPOCLI(LightningCLI):
             except RunFolderError as err:
                 raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
+        if self.subcommand == "fit" and self._ckpt_path not in (None, "best", "hpc", "registry"):
+            assert self._checkpoint is not None  # read by _checked_ckpt_path
+            check_resume_options(config, self._checkpoint, self._ckpt_path)  # the resume rules, before the model loads
         if self.subcommand == "export":
             check_out(config.get("out"))  # before the model loads
         if owner:
@@ -259,14 +276,16 @@ class TreeGRPOCLI(LightningCLI):
         return str(path)
 
     def _verify_checkpoint(self, path: Path, option: str) -> None:
-        check_checkpoint(path, option=option)
-        check_lightning_checkpoint(path, option=option)
+        """Read ``path`` once (zip, CRCs, safe unpickling, a Lightning checkpoint) and keep it."""
+        self._checkpoint = read_checkpoint(path, option=option)
         self._verified = str(path)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Fixed run folders: checkpoints in <root>/checkpoints (last.ckpt kept), TensorBoard in
         <root>/tensorboard, whatever logger version Lightning would otherwise open; atomic
-        checkpoint writes unless the trainer is given its own CheckpointIO."""
+        checkpoint writes unless the trainer is given its own CheckpointIO; last.ckpt written at
+        the end of every fit, and kept in place when the folder was moved or copied
+        (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`)."""
         root = Path(config.get("default_root_dir") or DEFAULT_ROOT)
         everything = list(config.get("callbacks") or []) + list(callbacks)
         checkpoints = [c for c in everything if isinstance(c, ModelCheckpoint)]
@@ -283,6 +302,8 @@ class TreeGRPOCLI(LightningCLI):
             callbacks = [*callbacks, ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True)]
         if not any(isinstance(c, CheckpointOnInterrupt) for c in everything):
             callbacks = [*callbacks, CheckpointOnInterrupt()]
+        if not any(isinstance(c, KeepLastCheckpoint) for c in everything):
+            callbacks = [*callbacks, KeepLastCheckpoint()]
         if config.get("logger") in (None, True):
             # no placeholder hp_metric: it would open the event file before anything is measured
             config["logger"] = RunTensorBoardLogger(
@@ -295,6 +316,10 @@ class TreeGRPOCLI(LightningCLI):
         callbacks = iteration_limit(config, output_callbacks(config, callbacks, everything), self._max_iterations)
         trainer = super()._instantiate_trainer(config, callbacks)
         compact_summary(trainer, everything)
+        guard_strategy_load(trainer.strategy)
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if self._checkpoint is not None and self._ckpt_path is not None and isinstance(checkpoint_io, AtomicCheckpointIO):
+            checkpoint_io.preload(self._ckpt_path, self._checkpoint)  # Lightning's restore reads no file
         return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -323,8 +348,9 @@ class TreeGRPOCLI(LightningCLI):
     def _export(self) -> None:
         """``export``: the checkpoint's weights into the configured model, then written out."""
         options = self.config_init["export"]
-        assert self._ckpt_path is not None  # export's --ckpt_path defaults to last
-        checkpoint = torch.load(self._ckpt_path, map_location="cpu", weights_only=False)
+        # export's --ckpt_path defaults to last, read (once, safely) before the model loaded
+        assert self._ckpt_path is not None and self._checkpoint is not None
+        checkpoint, self._checkpoint = self._checkpoint, None
         restore(self.model, checkpoint)
         ema = ema_state(checkpoint) if options["ema"] else None
         if options["ema"] and ema is None:
@@ -343,25 +369,38 @@ class TreeGRPOCLI(LightningCLI):
         # built: a fit that fails to load keeps the earlier run
         if self._clear_before_fit is not None:
             clear_run(self._clear_before_fit)
+        # recorded in checkpoints, so that a resume can refuse another adapter option by name
+        self.model.adapter_config = adapter_config(self.config["fit"]["model"])
         self._resolve_ckpt_path()
 
     def before_validate(self) -> None:
         self._resolve_ckpt_path()
-        choose_weights(self.trainer, self._ckpt_path, raw=self.config["validate"].get("raw_weights", False))
+        choose_weights(self.trainer, self._take_checkpoint(), raw=self.config["validate"].get("raw_weights", False))
 
     def before_test(self) -> None:
         self._resolve_ckpt_path()
-        choose_weights(self.trainer, self._ckpt_path, raw=self.config["test"].get("raw_weights", False))
+        choose_weights(self.trainer, self._take_checkpoint(), raw=self.config["test"].get("raw_weights", False))
 
     def before_predict(self) -> None:
         self._resolve_ckpt_path()
-        choose_weights(self.trainer, self._ckpt_path, raw=self.config["predict"].get("raw_weights", False))
+        choose_weights(self.trainer, self._take_checkpoint(), raw=self.config["predict"].get("raw_weights", False))
+
+    def _take_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint read from ``--ckpt_path``; the CLI keeps no reference to it afterwards
+        (the CheckpointIO holds it until Lightning's restore, which frees it)."""
+        checkpoint, self._checkpoint = self._checkpoint, None
+        return checkpoint
 
     def _resolve_ckpt_path(self) -> None:
-        """Hand the Trainer the checkpoint checked in :meth:`_checked_ckpt_path`."""
+        """Hand the Trainer the checkpoint checked in :meth:`_checked_ckpt_path`, to be loaded
+        ``weights_only`` whatever loads it."""
         if self.config.get(f"{self.subcommand}.ckpt_path") == "last":
             rank_zero_info(f"Resuming from {self._ckpt_path}")
         self.config_init[self.subcommand]["ckpt_path"] = self._ckpt_path  # what the Trainer receives
+        if "weights_only" in self.config_init[self.subcommand]:
+            self.config_init[self.subcommand]["weights_only"] = True
+        if self.subcommand == "fit":
+            self._checkpoint = None  # preloaded into the CheckpointIO; the CLI keeps no reference
 
 
 def quiet_known_warnings() -> None:

@@ -145,7 +145,8 @@ def explain_parse_error(message: str, parser: Any) -> str:
         return f"{option}: cannot use class_path '{class_problem.group(1)}': {reason}; fix the class path ({see})"
     expected = re.match(r"Expected a (.+?)\. Got value: (.*)", lines[0]) if lines else None
     if expected:
-        wanted, got = _type_name(expected.group(1)), expected.group(2)
+        # a class_path's init_args value: "nan. Got value: Namespace(class_path=...)" after the value
+        wanted, got = _type_name(expected.group(1)), re.sub(r"\. Got value: Namespace\(.*", "", expected.group(2))
         literal = re.findall(r"'([^']*)'", wanted) if wanted.startswith("one of") else []
         return f"{option}: expected {wanted}, got {got!r}{_did_you_mean(got, literal)}; fix the value ({see})"
     subtypes = re.search(r"Subtypes: \[(.*)\]", detail)

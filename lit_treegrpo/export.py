@@ -292,9 +292,10 @@ class ExportCommand:
         raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
 
 
-def choose_weights(trainer: Any, ckpt_path: str | None, *, raw: bool) -> None:
-    """validate / test / predict from a checkpoint: evaluate its EMA weights when the run had an
-    EMA (adding the callback, with the run's options, if the configuration lacks it), as fit
+def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: bool) -> None:
+    """validate / test / predict from a checkpoint (``checkpoint``: what the CLI read from
+    ``--ckpt_path``, once and safely; None: no checkpoint): evaluate its EMA weights when the run
+    had an EMA (adding the callback, with the run's options, if the configuration lacks it), as fit
     validated; ``raw`` (``--raw_weights true``): the training weights."""
     from lightning.pytorch.utilities import rank_zero_info
 
@@ -305,9 +306,9 @@ def choose_weights(trainer: Any, ckpt_path: str | None, *, raw: bool) -> None:
         for cb in emas:  # restored, but never swapped in
             cb.apply_on = tuple(a for a in cb.apply_on if a != "validation")
         return
-    if ckpt_path is None:
+    if checkpoint is None:
         return
-    state = ema_state(torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True))
+    state = ema_state(checkpoint)
     if state is None:
         return
     if not emas:

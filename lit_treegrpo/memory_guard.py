@@ -1,25 +1,49 @@
 """The memory guard: before a fit draws its first batch, estimate the rollout's peak memory from the
 tree's shape (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a tree that cannot fit,
-naming the options that shrink it. :class:`~lit_treegrpo.settings.MemoryGuard` holds the options,
-:class:`RolloutGuard` the check of one fit (once: before the first batch is drawn when the data
-come from a :class:`~lit_treegrpo.data.PromptDataModule`, else at the first training step)."""
+naming the options that shrink it; then measure what one parent of the training pass costs
+(:func:`probe_training`) and work out how many parents a training forward can take: a larger
+micro-batch is split into several forwards with gradients accumulated, and a run that cannot fit
+even one is refused. :class:`~lit_treegrpo.settings.MemoryGuard` holds the options,
+:class:`RolloutGuard` and :class:`TrainingGuard` the checks of one fit (once: before the first batch
+is drawn when the data come from a :class:`~lit_treegrpo.data.PromptDataModule`, else at the first
+training step)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
 
-from .core.memory import available_memory, cond_row_bytes, format_bytes, rollout_memory
+from .core.memory import (
+    SavedTensors,
+    TrainingMemory,
+    available_memory,
+    cond_row_bytes,
+    count_saved_tensors,
+    format_bytes,
+    held_tree_bytes,
+    largest_micro_batch,
+    parents_per_rank,
+    rollout_memory,
+    training_memory,
+)
+from .core.rollout import index_cond
 from .core.spec import TreeSpec
 from .settings import MemoryGuard
 
 
 class RolloutMemoryError(ValueError):
     """The memory guard refused a tree that cannot fit (a configuration error)."""
+
+
+class TrainingMemoryError(ValueError):
+    """The memory guard refused a training pass that cannot fit even one parent per forward."""
 
 
 def memory_for_rank(guard: MemoryGuard, device: torch.device, processes: int) -> tuple[int | None, str]:
@@ -116,8 +140,219 @@ class RolloutGuard:
         self.checked = False
         if not self.settings.enabled or not hasattr(datamodule, "per_rank_batch_size"):
             return
+        cond, noise = one_prompt(adapter, datamodule)
+        self.check(adapter, spec, cond, noise, datamodule.per_rank_batch_size(), processes=processes, any_rank=any_rank)
+
+
+def one_prompt(adapter: Any, datamodule: Any) -> tuple[Any, Tensor]:
+    """(conditioning, root noise [1, *S]) of the datamodule's first training prompt: what the
+    guards measure before any batch is drawn (the noise from its own generator: no draw of the run's)."""
+    with torch.no_grad():
+        cond = adapter.encode_prompts(datamodule.train_set.prompts[:1])
+        noise = adapter.initial_noise(1, torch.Generator(adapter.device).manual_seed(0))  # [1, *S]
+    return cond, noise
+
+
+# ------------------------------------------------------------------------------- training pass
+
+
+@contextlib.contextmanager
+def _checkpoint_regions_known(denoiser: nn.Module | None) -> Iterator[None]:
+    """Gradient checkpointing switched on while the probe runs, where the denoiser supports it
+    (diffusers' ``enable_gradient_checkpointing``) and it is off: the probe then sees the regions
+    it would checkpoint (and runs them directly, so the count is the same), and can say what
+    checkpointing would save. Switched off again afterwards."""
+    supported = getattr(denoiser, "_supports_gradient_checkpointing", False) and hasattr(
+        denoiser, "disable_gradient_checkpointing"
+    )
+    if not supported or getattr(denoiser, "is_gradient_checkpointing", True):
+        yield
+        return
+    denoiser.enable_gradient_checkpointing()
+    try:
+        yield
+    finally:
+        denoiser.disable_gradient_checkpointing()
+
+
+def probe_training(adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor) -> SavedTensors:
+    """What autograd saves for one parent of the training pass, counted on the real model
+    (:func:`~lit_treegrpo.core.memory.count_saved_tensors`): the model call on one source row at the
+    tree's first stochastic step as :func:`~lit_treegrpo.core.rollout.recompute_log_probs` makes it
+    (classifier-free guidance doubles its rows inside ``predict``), and the step's log-probs of its
+    children (the most any parent of ``spec`` has). ``cond`` / ``noise``: one prompt's conditioning
+    rows and root noise (row 0 of each is used). Nothing is trained and no generator is drawn from."""
+    stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
+    children = max(spec.children_at(t) for t in stochastic)
+    x = noise[:1]  # [1, *S]
+    step = torch.full((1,), stochastic[0], dtype=torch.long, device=x.device)  # [1]
+    row = index_cond(cond, torch.zeros(1, dtype=torch.long, device=x.device))
+    group = torch.zeros(children, dtype=torch.long, device=x.device)  # [k] every child's parent: row 0
+
+    def forward() -> None:
+        out = adapter.predict(x, step, row)  # [1, *S]
+        adapter.step(out[group], x[group], step[group], stochastic=True, prev_sample=x[group])
+
+    with _checkpoint_regions_known(getattr(adapter, "denoiser", None)):
+        return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> int:
+    """Bytes ``optimizer`` will allocate for those of ``params`` it holds no state for yet (all of
+    them at the start of a fit: a resumed run's state is loaded later): Adam's and AdamW's two moments
+    (three with amsgrad), SGD's momentum buffer if it has one, two per parameter for any other."""
+    groups = optimizer.param_groups if optimizer is not None else [{"params": params}]
+    size = 0
+    for group in groups:
+        if isinstance(optimizer, torch.optim.SGD):
+            copies = 1 if group.get("momentum", 0) else 0
+        elif isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            copies = 3 if group.get("amsgrad", False) else 2
+        else:
+            copies = 2
+        size += copies * sum(p.numel() * p.element_size() for p in group["params"]
+                             if optimizer is None or not optimizer.state.get(p))  # fmt: skip
+    return size
+
+
+def check_training_memory(
+    guard: MemoryGuard, memory: TrainingMemory, largest: int, *, available: tuple[int | None, str],
+    any_rank: Callable[[bool], bool], fixes: str,
+) -> int | None:  # fmt: skip
+    """The most parents one training forward can take on this rank by the estimate (None: the memory
+    cannot be measured). Raise :class:`TrainingMemoryError` when not even one fits in
+    ``guard.fraction`` of the ``available`` memory, here or, through ``any_rank``, on another rank. ``largest``: parents of the largest
+    micro-batch (in the warning when the memory cannot be measured); ``fixes``: the options that
+    would make a parent fit, for the message."""
+    available_bytes, where = available
+    if available_bytes is None:
+        warnings.warn(
+            f"memory guard: the available memory is {where}, so the training pass's estimated "
+            f"{memory.describe(largest)} is not checked; give --model.memory_guard.available_gb",
+            stacklevel=3,
+        )
+        fits = None
+    else:
+        fits = memory.parents_that_fit(available_bytes * guard.fraction)
+    refuse = fits == 0
+    if any_rank(refuse):
+        if not refuse:
+            raise TrainingMemoryError(
+                "memory guard: another data-parallel rank cannot fit the training pass; see its message"
+            )
+        raise TrainingMemoryError(
+            f"memory guard: the training pass cannot fit even one parent per forward: it needs about "
+            f"{memory.describe(1)} on this rank, but {format_bytes(available_bytes)} is available ({where}; "
+            f"x {guard.fraction} = {format_bytes(available_bytes * guard.fraction)}); {fixes}, or set "
+            "--model.memory_guard.enabled false to skip this check"
+        )
+    return fits
+
+
+class TrainingGuard:
+    """The training pass's memory guard of one fit. Before the first rollout, :meth:`check` probes one
+    parent (:func:`probe_training`), sets :attr:`cap`, the most parents per training forward on this
+    rank, and refuses a run where not even one fits; the module then runs a micro-batch of more
+    parents as :meth:`chunks` forwards with gradients accumulated. With ``max_train_parents`` the cap
+    is that many parents at most, with the check disabled too.
+
+    Args:
+        settings: the guard's options (``--model.memory_guard``).
+    """
+
+    def __init__(self, settings: MemoryGuard) -> None:
+        self.settings = settings
+        self.cap: int | None = settings.max_train_parents  # the most parents per forward; None: no limit
+        self.fits: int | None = None  # the parents per forward that fit by the last check's estimate
+        self.memory: TrainingMemory | None = None  # that estimate
+        self.limit = ""  # the budget it was compared with, for the announcement
+        self.checked = False
+        self.announced = False
+
+    @property
+    def active(self) -> bool:
+        """Whether micro-batches may be split (the same on every rank: the options decide)."""
+        return self.settings.enabled or self.settings.max_train_parents is not None
+
+    def check(
+        self, adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor, num_prompts: int, *, micro_batches: int,
+        optimizer: torch.optim.Optimizer | None, processes: int, any_rank: Callable[[bool], bool],
+    ) -> None:  # fmt: skip
+        """Probe one parent and set :attr:`cap` (``cond`` / ``noise``: one prompt's conditioning rows
+        and root noise [n, *S], as :meth:`RolloutGuard.check` takes them; ``micro_batches``: how many
+        the kept edges of one inner epoch split into when pruning keeps every edge)."""
+        self.checked = True
+        if not self.settings.enabled:
+            return
+        saved = probe_training(adapter, spec, cond, noise)
+        checkpointing = bool(getattr(adapter, "gradient_checkpointing", False))
+        params = adapter.trainable_parameters()
+        memory = training_memory(
+            saved,
+            checkpointing=checkpointing,
+            trainable_bytes=sum(p.numel() * p.element_size() for p in params),
+            optimizer_state_bytes=optimizer_state_bytes(optimizer, params),
+            held_bytes=held_tree_bytes(spec, num_prompts, tuple(noise.shape[1:]), noise.dtype,
+                                       cond_bytes=cond_row_bytes(cond)),  # fmt: skip
+        )
+        largest = largest_micro_batch(parents_per_rank(spec, num_prompts), micro_batches)
+        available = memory_for_rank(self.settings, adapter.device, processes)
+        self.fits = check_training_memory(self.settings, memory, largest, available=available, any_rank=any_rank,
+                                          fixes=_fixes(adapter, saved, checkpointing))  # fmt: skip
+        self.memory = memory
+        caps = [cap for cap in (self.fits, self.settings.max_train_parents) if cap is not None]
+        self.cap = min(caps) if caps else None
+        if available[0] is not None:
+            limit = available[0] * self.settings.fraction
+            self.limit = f"{format_bytes(limit)} ({available[1]} x {self.settings.fraction})"
+        if self.cap is not None and largest > self.cap:
+            self.announce(largest)
+
+    def before_data(
+        self, adapter: Any, datamodule: Any, spec: TreeSpec, *, micro_batches: Callable[[int], int],
+        optimizer: torch.optim.Optimizer | None, processes: int, any_rank: Callable[[bool], bool],
+    ) -> None:  # fmt: skip
+        """:meth:`check` at the start of a fit, before the first batch is drawn, as
+        :meth:`RolloutGuard.before_data` (``micro_batches``: of the prompts per rank)."""
+        self.checked = False
+        if not self.settings.enabled or not hasattr(datamodule, "per_rank_batch_size"):
+            return
+        cond, noise = one_prompt(adapter, datamodule)
         num_prompts = datamodule.per_rank_batch_size()
-        with torch.no_grad():
-            cond = adapter.encode_prompts(datamodule.train_set.prompts[:1])
-            noise = adapter.initial_noise(1, torch.Generator(adapter.device).manual_seed(0))  # [1, *S]
-        self.check(adapter, spec, cond, noise, num_prompts, processes=processes, any_rank=any_rank)
+        self.check(adapter, spec, cond, noise, num_prompts, micro_batches=micro_batches(num_prompts),
+                   optimizer=optimizer, processes=processes, any_rank=any_rank)  # fmt: skip
+
+    def chunks(self, parents: list[int]) -> list[int]:
+        """Forwards for micro-batches of ``parents`` parents each on this rank: one while they fit."""
+        if self.cap is None:
+            return [1] * len(parents)
+        return [max(1, math.ceil(count / self.cap)) for count in parents]
+
+    def announce(self, parents: int) -> None:
+        """Say once per fit that micro-batches are split, why, and which option sets the limit."""
+        if self.announced or self.cap is None:
+            return
+        self.announced = True
+        if self.fits is not None and self.memory is not None and parents > self.fits:
+            why = f" needs about {self.memory.describe(parents)}, more than {self.limit}, so it"
+        else:
+            why = f" (--model.memory_guard.max_train_parents {self.settings.max_train_parents})"
+        rank_zero_info(
+            f"memory guard: a training micro-batch of {parents} parents{why} runs as {math.ceil(parents / self.cap)} "
+            f"forwards of at most {self.cap} parent(s), gradients accumulated (the same update up to float rounding); "
+            "--model.memory_guard.max_train_parents sets the most parents per forward"
+        )
+
+
+def _fixes(adapter: Any, saved: SavedTensors, checkpointing: bool) -> str:
+    """The options that shrink one parent's training memory, for the refusal."""
+    fixes = []
+    if not checkpointing and saved.activations(True) < saved.activations(False):
+        fixes.append(
+            "turn on --model.adapter.init_args.gradient_checkpointing (about "
+            f"{format_bytes(saved.per_row(True))} per parent instead of {format_bytes(saved.per_row(False))})"
+        )
+    if getattr(adapter, "lora", None) is None:
+        fixes.append("train LoRA (--model.adapter.init_args.lora) instead of every weight")
+    fixes.append("lower --data.batch_size, the branching or num_trees (the rollout's tree is held while training)")
+    return "; ".join(fixes)

@@ -12,7 +12,8 @@ data-parallel run samples what one process with the same global batch samples.
 
 Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
 or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks. Before
-the first batch, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory.
+the first batch, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory, and
+:class:`~lit_treegrpo.memory_guard.TrainingGuard` sets how many parents a training forward takes.
 """
 
 from __future__ import annotations
@@ -20,28 +21,42 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from .core.advantages import tree_advantages
 from .core.compute import Compute, ComputeCost
 from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .core.pruning import PruningConfig, PruningSchedule, prune
-from .core.rollout import RolloutTree, root_noise, rollout, source_minibatches
+from .core.rollout import RolloutTree, num_parents, root_noise, rollout, source_minibatches, split_by_parent
 from .core.seeding import generator
 from .core.spec import RolloutLimits, TreeSpec
 from .faults import FaultLedger, StepPlan, grads_finite
-from .memory_guard import RolloutGuard
+from .memory_guard import RolloutGuard, TrainingGuard
 from .models.base import Cond, DiffusionAdapter
 from .models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
 from .prompt_stream import PromptBatch
-from .resume import check_resumable, fingerprint
+from .resume import (
+    ADAPTER_MEMORY_OPTIONS,
+    ConfiguredOptimizer,
+    apply_optimizer_options,
+    changed_settings,
+    check_resumable,
+    class_record,
+    fingerprint,
+    init_options,
+    refusal,
+    reward_record,
+)
 from .rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings, data_parallel_mesh
 from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
@@ -87,7 +102,9 @@ class TreeGRPOModule(LightningModule):
         reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
         faults: what to do with NaN / inf rewards, a failing reward call, or a non-finite loss or
             gradient: stop (``error``, the default) or skip and count (``skip``).
-        memory_guard: before the first batch is drawn, refuse a tree whose rollout cannot fit in memory.
+        memory_guard: before the first batch is drawn, refuse a tree whose rollout cannot fit in memory,
+            and split a training micro-batch too large for one forward into several (gradients
+            accumulated), refusing a run where not even one parent fits.
         compute_cost: the weights that turn a step's counted work (sampling, trained and reference
             forwards, scored images) into compute units (``compute/*`` metrics; see
             :mod:`lit_treegrpo.core.compute`): a trained forward with its backward is 3 sampling
@@ -124,6 +141,7 @@ class TreeGRPOModule(LightningModule):
                        adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
+        self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
         self.tree = tree
         self.rollout_limits = rollout
         self.advantage = advantage
@@ -152,12 +170,18 @@ class TreeGRPOModule(LightningModule):
         self.memory_guard = memory_guard
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
         self.rollout_guard = RolloutGuard(memory_guard, rollout.max_batch)  # checks once per fit, before the first batch
+        self.training_guard = TrainingGuard(memory_guard)  # likewise; splits micro-batches that do not fit
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
         self.compute_cost = compute_cost
         self.compute_spent = Compute()  # the run's counted work so far; restored from checkpoints
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the trainable weights only
+        self.adapter_config: dict[str, Any] | None = None
+        """The adapter's ``init_args`` as configured, which the CLI sets (a checkpoint records it,
+        so that a resume that changes one is refused by name: docs/configs.md, resume rules)."""
+        self._configured: ConfiguredOptimizer | None = None  # this run's optimizer options, as built
+        self._resumed: dict[str, Any] | None = None  # what a resumed fit's checkpoint recorded
 
     @property
     def fault_counts(self) -> dict[str, int]:
@@ -188,9 +212,15 @@ class TreeGRPOModule(LightningModule):
             optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=1e-4)
         else:
             optimizer = self.optimizer_factory(params)
+        # a resumed fit restores the checkpoint's optimizer state over these: on_train_start puts
+        # this run's options back (resume.apply_optimizer_options)
+        self._configured = ConfiguredOptimizer.record(optimizer)
         if self.lr_scheduler_factory is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+        scheduler = self.lr_scheduler_factory(optimizer)
+        self._configured.add_scheduler(scheduler)
+        self._keep_foreign_scheduler_state_out()
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     # ------------------------------------------------------------------------ randomness
     def _generators(self, stream: int, first_position: int, count: int) -> list[torch.Generator]:
@@ -311,7 +341,8 @@ class TreeGRPOModule(LightningModule):
     def _update(self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int) -> Update:
         """Clipped policy-gradient updates over the kept edges: ``inner_epochs`` passes, each
         shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
-        them; a step whose loss or gradient is not finite is refused through the fault ledger."""
+        them (a micro-batch too large for memory runs as several forwards: :attr:`training_guard`);
+        a step whose loss or gradient is not finite is refused through the fault ledger."""
         optimizer = self.optimizers()
         shuffle = generator(self.seed, self.iteration, first_position + 1)
         totals: list[Any] = [0.0] * len(LossOutput._fields)
@@ -322,15 +353,19 @@ class TreeGRPOModule(LightningModule):
         num_updates = self._updates_per_epoch(keep)
         for _ in range(self.inner_epochs):
             batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
+            chunks = self._forwards_per_micro_batch(tree, batches)
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
-                with optimizer.toggle_model(sync_grad=last):
-                    loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
-                    # backpropagated even when it is not finite: every rank must run the same
-                    # backward passes; the optimizer step below is what the check refuses
-                    if bad_loss is None and not bool(torch.isfinite(loss)):
-                        bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
-                    self.manual_backward(loss / self.accumulate)
+                if chunks[i] > 1:
+                    loss, stats, n = self._split_backward(optimizer, tree, cond, advantages, edges, chunks[i], last)
+                else:
+                    with optimizer.toggle_model(sync_grad=last):
+                        loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
+                        self.manual_backward(loss / self.accumulate)
+                # backpropagated even when it is not finite: every rank must run the same
+                # backward passes; the optimizer step below is what the check refuses
+                if bad_loss is None and not bool(torch.isfinite(loss)):
+                    bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
                 forwards, micro = forwards + n, micro + 1
                 totals = [total + value for total, value in zip(totals, stats)]
                 if not last:
@@ -352,6 +387,46 @@ class TreeGRPOModule(LightningModule):
         if scheduler is not None and steps:
             scheduler.step()
         return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
+
+    def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
+        """How many forwards each micro-batch runs as (the training guard's split: one each while
+        they fit), the most any data-parallel rank needs, so that every rank runs the same forwards
+        and backward passes (a sharded model gathers its weights in each)."""
+        if not self.training_guard.active:
+            return [1] * len(batches)
+        parents = [num_parents(tree, edges) for edges in batches]
+        chunks = self.training_guard.chunks(parents)
+        if self.trainer.world_size > 1:
+            most = self.trainer.strategy.reduce(torch.tensor(chunks, device=self.device), reduce_op="max")
+            chunks = [int(c) for c in most.tolist()]
+        if max(chunks, default=1) > 1:
+            self.training_guard.announce(max(parents))
+        return chunks
+
+    def _split_backward(self, optimizer: Any, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor,
+                        chunks: int, last: bool) -> tuple[Tensor, LossOutput, Compute]:  # fmt: skip
+        """One micro-batch as ``chunks`` forwards and backward passes of whole parents (gradients
+        accumulated, synchronised after the last one only when ``last``): the same gradient as one
+        pass up to float rounding, because the loss is a mean over parents (each parent's children
+        summed or averaged first: :class:`~lit_treegrpo.core.loss.ClippedPolicyLoss`), so a part of
+        ``U_j`` of the ``U`` parents weighs ``U_j / U``. Returns the micro-batch's loss (detached),
+        its statistics combined alike (per-edge means weighted by edges) and its forwards."""
+        parts = split_by_parent(tree, edges, chunks)
+        parents = [num_parents(tree, part) if part.numel() else 0 for part in parts]
+        total_parents, total_edges = max(sum(parents), 1), max(edges.numel(), 1)
+        by_parent = {"loss", "policy_loss", "kl"}  # the other statistics are means over edges
+        combined: list[Tensor | float] = [0.0] * len(LossOutput._fields)
+        forwards = Compute()
+        for j, part in enumerate(parts):
+            with optimizer.toggle_model(sync_grad=last and j == len(parts) - 1):
+                loss, stats, n = self._edge_loss(tree, cond, advantages, part)
+                share = parents[j] / total_parents
+                self.manual_backward(loss * share / self.accumulate)
+            weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
+            combined = [total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)]
+            forwards = forwards + n
+        stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
+        return stats.loss, stats, forwards
 
     def _updates_per_epoch(self, keep: Tensor) -> int:
         """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
@@ -384,6 +459,22 @@ class TreeGRPOModule(LightningModule):
         if not self.rollout_guard.checked:
             self.rollout_guard.check(self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(),
                                      any_rank=self._any_rank)  # fmt: skip
+        if not self.training_guard.checked:
+            self.training_guard.check(self.adapter, spec, cond, noise, num_prompts, optimizer=self._optimizer(),
+                                      micro_batches=self._micro_batches(spec, num_prompts),
+                                      processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
+
+    def _micro_batches(self, spec: TreeSpec, num_prompts: int) -> int:
+        """Micro-batches of one inner epoch when pruning keeps every edge of ``num_prompts`` prompts'
+        trees on each rank (what the training guard sizes the largest micro-batch by)."""
+        if self.edges_per_update is None:
+            return self.minibatches * self.accumulate
+        return max(1, math.ceil(num_prompts * spec.num_edges() / self.edges_per_update)) * self.accumulate
+
+    def _optimizer(self) -> torch.optim.Optimizer | None:
+        """The raw optimizer (its state yet to be allocated is part of the training's memory)."""
+        optimizers = self.trainer.optimizers if self._trainer is not None else []
+        return optimizers[0] if optimizers else None
 
     def _node_processes(self) -> int:
         """The processes of this node, which share its memory."""
@@ -424,10 +515,43 @@ class TreeGRPOModule(LightningModule):
         return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
     # ------------------------------------------------------------------------ checkpoints
+    def setup(self, stage: str) -> None:
+        self._resumed = None  # set again by on_load_checkpoint when this fit resumes
+
+    def on_train_start(self) -> None:
+        """A resumed fit: Lightning has restored the checkpoint's optimizer and scheduler state by
+        now; this run's options replace what the restore brought back, said in one line."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is None or self._configured is None:
+            return
+        saved_optimizer, mine = resumed["fingerprint"].get("optimizer"), self._optimizer_name()
+        if saved_optimizer is not None and saved_optimizer != mine:
+            raise refusal("--model.optimizer", resumed["where"], saved_optimizer, mine)
+        configs = self.trainer.lr_scheduler_configs
+        changes = apply_optimizer_options(self.trainer.optimizers[0], configs[0].scheduler if configs else None,
+                                          self._configured, resumed["settings"].get("lr_scheduler"),
+                                          resumed["schedulers"] > 0)  # fmt: skip
+        changes += changed_settings(resumed["settings"], self._settings())
+        if changes:
+            rank_zero_info(f"resumed with {', '.join(changes)}")
+
+    def _keep_foreign_scheduler_state_out(self) -> None:
+        """Once both this run's scheduler and the checkpoint's are known (configure_optimizers
+        comes after on_load_checkpoint, or before it under a sharded strategy), and before
+        Lightning restores the scheduler: another class's state is not loaded into this one."""
+        if self._resumed is not None and self._configured is not None:
+            self._configured.replace_foreign_state(self._resumed["settings"].get("lr_scheduler"),
+                                                   self._resumed["scheduler_states"])  # fmt: skip
+
     def on_fit_start(self) -> None:
         self._sync_data_stream()
-        self.rollout_guard.before_data(self.adapter, self._datamodule(), self.tree.at(self.iteration, self.seed),
-                                       processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
+        spec = self.tree.at(self.iteration, self.seed)
+        self.rollout_guard.before_data(self.adapter, self._datamodule(), spec, processes=self._node_processes(),
+                                       any_rank=self._any_rank)  # fmt: skip
+        with self.trainer.precision_plugin.train_step_context():  # the probe's dtypes: the training step's
+            self.training_guard.before_data(self.adapter, self._datamodule(), spec, optimizer=self._optimizer(),
+                                            micro_batches=lambda prompts: self._micro_batches(spec, prompts),
+                                            processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
 
     def _datamodule(self) -> Any:
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
@@ -442,7 +566,50 @@ class TreeGRPOModule(LightningModule):
         return [n for n, p in self.named_parameters() if p.requires_grad]
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, self._trainable_names())
+        """What a resumed fit must share with the run that wrote the checkpoint (resume.FIELDS)."""
+        shapes = {n: tuple(p.shape) for n, p in self.named_parameters() if p.requires_grad}
+        reward, reward_kwargs = self._reward_record
+        recorded: dict[str, Any] = {
+            "lora": self.adapter.lora,
+            "adapter_options": init_options(self.adapter, skip=ADAPTER_MEMORY_OPTIONS),
+            "reward": reward,
+            "reward_kwargs": reward_kwargs,
+            "advantage": self.advantage,
+            "loss": class_record(self.loss_fn),
+            "seed": self.seed,
+        }
+        if self.adapter_config is not None:
+            recorded["adapter_config"] = self.adapter_config
+        if self._optimizer_name() is not None:
+            recorded["optimizer"] = self._optimizer_name()
+        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, shapes, **recorded)
+
+    def _optimizer_name(self) -> str | None:
+        optimizers = self._trainer.optimizers if self._trainer is not None else []
+        return type(optimizers[0]).__name__ if optimizers else None
+
+    def _settings(self) -> dict[str, Any]:
+        """The options a resume may change (resume.SETTINGS_OPTIONS), recorded so that it says
+        which it changed."""
+        datamodule = self._datamodule()
+        settings: dict[str, Any] = {
+            "minibatches": self.minibatches,
+            "edges_per_update": self.edges_per_update,
+            "accumulate": self.accumulate,
+            "inner_epochs": self.inner_epochs,
+            "grad_clip": self.grad_clip,
+            "val_seed": self.val_seed,
+            "val_samples": self.val_samples,
+            "rollout": asdict(self.rollout_limits),
+            "pruning": asdict(self.pruning),
+            "faults": asdict(self.faults),
+            "memory_guard": asdict(self.memory_guard),
+            "compute_cost": asdict(self.compute_cost),
+            "lr_scheduler": self._configured.scheduler if self._configured is not None else None,
+        }
+        if datamodule is not None and hasattr(datamodule, "per_rank_batch_size") and self._trainer is not None:
+            settings["global_batch_size"] = datamodule.per_rank_batch_size() * self.trainer.world_size
+        return settings
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = set(self._trainable_names())
@@ -452,14 +619,26 @@ class TreeGRPOModule(LightningModule):
             "fingerprint": self._fingerprint(),
             "faults": self.fault_ledger.state_dict(),
             "compute": self.compute_spent.as_dict(),
+            "settings": self._settings(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("lit_treegrpo")
         if saved is None:
             raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
-        # (a sharded strategy loads the weights itself and hands over no "state_dict")
-        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"))
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        where = f"the checkpoint {path}" if path else "the checkpoint"
+        # what shaped the weights is compared for a resumed fit only: validate / test / predict /
+        # export may evaluate them with another reward. (A sharded strategy loads the weights
+        # itself and hands over no "state_dict".)
+        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"), fitting=fitting,
+                        where=where)  # fmt: skip
+        if fitting:
+            self._resumed = {"where": where, "fingerprint": saved["fingerprint"], "settings": saved.get("settings") or {},
+                             "schedulers": len(checkpoint.get("lr_schedulers") or []),
+                             "scheduler_states": checkpoint.get("lr_schedulers")}  # fmt: skip
+            self._keep_foreign_scheduler_state_out()
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))
         # a checkpoint from before compute was counted starts the count at its iteration from 0

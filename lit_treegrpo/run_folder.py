@@ -8,7 +8,9 @@
 - :class:`RunLock`: one live fit per folder. ``<root>/.fit.lock`` holds the writer's PID under an
   advisory ``flock``, which the kernel drops when the process dies however it dies, so the lock
   of a killed fit is taken over by the next one; where the filesystem has no ``flock`` the PID
-  itself decides (a dead PID's lock is taken over).
+  itself decides (a dead PID's lock is taken over). The lock is opened without following a link
+  and only as a regular file of its own: a ``.fit.lock`` that is a symbolic or hard link (or a
+  folder, FIFO, ...) is refused, never truncated, so the file behind it is left as it was.
 - :class:`RunConfigRecord`: the fit's configuration is saved once its first training step has
   completed (or its first checkpoint is written), never over an earlier record: ``config.yaml``
   for the first fit in the folder, ``config-2.yaml``, ``config-3.yaml``, ... for each later
@@ -24,6 +26,7 @@ import errno
 import itertools
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ except ImportError:  # Windows: no advisory locks; no lock is taken there
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".fit.lock"
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; elsewhere RunLock._open checks for a link first
 #: the outputs of a fit that ``--overwrite true`` deletes before a new run starts in the folder
 RUN_OUTPUTS = ("checkpoints", "tensorboard", "samples")
 
@@ -101,11 +105,23 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _not_regular(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is no regular file (``None`` when it is one)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "no regular file (a FIFO, socket or device)"
+
+
 class RunLock:
     """``<root>/.fit.lock`` while a fit writes into ``root`` (see the module docstring).
 
     :meth:`acquire` creates ``root`` if needed (``OSError`` when it cannot: a file in the way, no
-    permission) and raises :class:`RunFolderError` naming the PID of a live holder. :meth:`release`
+    permission) and raises :class:`RunFolderError` naming the PID of a live holder, or when the
+    lock's name is taken by a link or by no regular file (:meth:`_open`). :meth:`release`
     removes the lock file and the folders that :meth:`acquire` created, if they are still empty,
     so that a command that failed before writing anything leaves no trace.
     """
@@ -132,16 +148,48 @@ class RunLock:
 
     def _open_locked(self) -> int:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 self._lock(fd)
                 # a holder that released meanwhile unlinked the file we opened: lock the new one
-                if os.path.exists(self.path) and os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                if os.path.lexists(self.path) and os.fstat(fd).st_ino == os.lstat(self.path).st_ino:
                     return fd
             except BaseException:
                 os.close(fd)
                 raise
             os.close(fd)
+
+    def _open(self) -> int:
+        """Open (or create) the lock file itself, never what a link there points to: a fit writes
+        its PID into its lock, which through a symbolic or hard link would overwrite another file."""
+        if not _O_NOFOLLOW and os.path.islink(self.path):  # no O_NOFOLLOW on this platform
+            raise RunFolderError(self._not_a_lock("a symbolic link"))
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW, 0o644)
+        except OSError:
+            # O_NOFOLLOW refuses a link (ELOOP on Linux and macOS); a folder or socket cannot be opened
+            what = _not_regular(os.lstat(self.path).st_mode) if os.path.lexists(self.path) else None
+            if what is not None:
+                raise RunFolderError(self._not_a_lock(what)) from None
+            raise
+        info = os.fstat(fd)
+        what = _not_regular(info.st_mode)
+        if what is None and info.st_nlink > 1:
+            what = f"a hard link (one of {info.st_nlink} names of one file)"
+        if what is not None:
+            os.close(fd)
+            raise RunFolderError(self._not_a_lock(what))
+        return fd
+
+    def _not_a_lock(self, what: str) -> str:
+        if what == "a symbolic link":
+            fix = f"delete the link {self.path} (the file it points to stays)"
+        elif what.startswith("a hard link"):
+            fix = f"delete the name {self.path} (the file's other names stay)"
+        else:
+            fix = f"move {self.path} away"
+        return (f"--trainer.default_root_dir: the fit lock {self.path} is {what}, and a fit writes its PID into its "
+                f"lock; {fix} and run again")  # fmt: skip
 
     def _lock(self, fd: int) -> None:
         if fcntl is None:

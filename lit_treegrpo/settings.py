@@ -65,7 +65,10 @@ class FaultPolicy:
 @dataclass(frozen=True)
 class MemoryGuard:
     """Before the first batch is drawn, estimate its peak memory from the tree's shape
-    (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit."""
+    (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit; measure what
+    one parent of the training pass costs (:func:`lit_treegrpo.memory_guard.probe_training`) and
+    split a training micro-batch that does not fit into several forwards, refusing a run where
+    not even one parent fits."""
 
     enabled: bool = True
     """Run the check (false: start the rollout without estimating)."""
@@ -75,12 +78,19 @@ class MemoryGuard:
     available_gb: float | None = None
     """Memory to compare against, in GB (1e9 bytes); null measures it: free device memory on CUDA,
     MemAvailable of /proc/meminfo shared by the processes of this node on CPU."""
+    max_train_parents: int | None = None
+    """The most parents (rows of a training forward, two each with CFG) one forward and backward of
+    the training pass takes: a micro-batch with more runs as several, gradients accumulated, for the
+    same update up to float rounding. Null: as many as the estimate lets fit (all of them while
+    they fit, which leaves the computation as it is). Applies with ``enabled: false`` too."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"memory_guard.fraction must be in (0, 1], got {self.fraction}")
         if self.available_gb is not None and self.available_gb <= 0:
             raise ValueError(f"memory_guard.available_gb must be > 0 or null, got {self.available_gb}")
+        if self.max_train_parents is not None and self.max_train_parents < 1:
+            raise ValueError(f"memory_guard.max_train_parents must be >= 1 or null, got {self.max_train_parents}")
 
 
 def check_settings(

@@ -13,6 +13,7 @@ sys.path.insert(0, str(BENCH))
 
 import gpu_sd35  # noqa: E402
 import step_noise  # noqa: E402
+import training_memory  # noqa: E402
 
 
 @pytest.mark.slow  # the GPU benchmark on a tiny model, on CPU
@@ -49,3 +50,23 @@ def test_step_noise_scores_one_stochastic_step_at_a_time_for_any_adapter(tmp_pat
     assert len(report["sigmas"]) == 4 and report["sigmas"][-1] == 0.0
     saved = json.loads((tmp_path / "step_noise.json").read_text())
     assert (tmp_path / "step_noise.md").read_text().strip() == step_noise.table(saved)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_training_estimate_follows_the_measured_peak_per_parent(checkpointing: bool) -> None:
+    # the training guard's cost of a parent against the measured growth of a micro-batch's peak from
+    # 1 to 4 parents (benchmarks/training_memory.py): within -15 % / +50 % on the tiny SD3 model
+    import torch
+
+    from lit_treegrpo.core.memory import training_memory as estimate
+    from lit_treegrpo.core.spec import TreeSpec
+    from lit_treegrpo.memory_guard import probe_training
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+
+    adapter = TinySD3Adapter(num_steps=3, guidance_scale=1.0, gradient_checkpointing=checkpointing)
+    saved = probe_training(adapter, TreeSpec(3, branch_steps=(0,), branching=2), adapter.encode_prompts(["a"]),
+                           adapter.initial_noise(1, torch.Generator().manual_seed(0)))  # fmt: skip
+    per_parent = estimate(saved, checkpointing=checkpointing, trainable_bytes=0, optimizer_state_bytes=0,
+                          held_bytes=0).per_parent  # fmt: skip
+    slope = (training_memory.measure(adapter, 4, 2) - training_memory.measure(adapter, 1, 2)) / 3
+    assert 0.85 * slope < per_parent < 1.5 * slope, (per_parent, slope)

@@ -124,9 +124,11 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monk
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (["--model.tree.branching", "3"], "the checkpoint was trained with tree"),
+        (["--model.tree.branching", "3"], "error: --model.tree.branching: the checkpoint {ckpt} was trained with 2, this run has 3; "
+         "resume with 2, or start a new run (--overwrite true or another --trainer.default_root_dir)"),
         (["--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4"],
-         "the checkpoint's adapter differs"),
+         "error: --model.adapter: the checkpoint {ckpt} was trained with TinySD3Adapter, this run has TinySD15Adapter; "
+         "resume with TinySD3Adapter"),
     ],
 )
 def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
@@ -135,11 +137,12 @@ def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, 
     base = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
     main([*base, "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
     before = snapshot(tmp_path)
+    message = message.format(ckpt=tmp_path / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit) as exit_info:
         main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change, "--trainer.default_root_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
-    # refused after the model loaded: still no config record, event file or lock left behind
+    # refused (before the model loads: the resume rules, docs/configs.md): no config record, event file or lock left behind
     assert snapshot(tmp_path) == before
     if "--model.adapter" in change:
         return
@@ -332,8 +335,8 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
     assert kind == "unpickling refused"
     torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
     return ["--ckpt_path", str(path)], (
-        f"--ckpt_path: {path} holds objects that torch.load refuses to unpickle safely (Unsupported global: GLOBAL "
-        "tests.test_cli.Opaque); it was not written by this project's fit")
+        f"--ckpt_path: {path} holds objects that the safe unpickler refuses (the global tests.test_cli.Opaque); it was "
+        "not written by this project's fit and may be hostile, so it is not loaded")
 
 
 @pytest.mark.parametrize(
@@ -354,8 +357,8 @@ def _full_disk(obj: Any, f: Any) -> None:
 @pytest.mark.parametrize(
     ("kind", "args", "message"),
     [
-        ("Lightning's MisconfigurationException", ["--trainer.devices", "0"],
-         "error: the trainer's settings (--trainer.*): `Trainer(devices='0')` value is not a valid input using cpu accelerator"),
+        ("Lightning's MisconfigurationException", ["--trainer.profiler", "nope"],
+         "error: the trainer's settings (--trainer.*): When passing string value for the `profiler` parameter of `Trainer`, it can only be one of"),
         ("a model not in the hub cache, offline", ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
          "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read"),
         ("a full disk during the save", ["--trainer.max_steps", "1"],
@@ -399,6 +402,30 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
     assert "but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B); lower --data.batch_size" in line
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert drawn == []  # the estimate came before the prompt stream drew anything
+
+
+def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
+    from lit_treegrpo.core.spec import TreeSpec
+    from lit_treegrpo.memory_guard import probe_training
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+
+    # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent
+    # of the training pass (AdamW's two moments to come) does not
+    adapter, spec = TinySD3Adapter(seed=0, num_steps=4, guidance_scale=1.0), TreeSpec(4, branch_steps=(0, 1), branching=2)
+    cond = adapter.encode_prompts(["a red circle"])
+    noise = adapter.initial_noise(1, torch.Generator().manual_seed(0))
+    trainable = sum(p.numel() * p.element_size() for p in adapter.trainable_parameters())
+    one = training_memory(probe_training(adapter, spec, cond, noise), checkpointing=False, trainable_bytes=trainable,
+                          optimizer_state_bytes=2 * trainable,
+                          held_bytes=held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond))).total(1)  # fmt: skip
+    budget = (one - 1000) / 0.9
+    assert rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond)).total < budget * 0.9
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb",
+                       str(budget / 1e9), "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: memory guard: the training pass cannot fit even one parent per forward: it needs about "), line
+    assert "turn on --model.adapter.init_args.gradient_checkpointing" in line and "lower --data.batch_size" in line
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
 def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -1,15 +1,26 @@
 """The memory guard's decision on its own (no Trainer): the estimate against a fraction of the
 available memory, a refusal on another rank, memory that cannot be measured, and the check once
-per fit. Its use in a real fit is tested in test_module.py and test_cli.py."""
+per fit; for the training pass also the probe on a real tiny model and the split it decides. Its
+use in a real fit is tested in test_module.py and test_cli.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lit_treegrpo.core.memory import format_bytes, rollout_memory
+from lit_treegrpo.core.memory import TrainingMemory, format_bytes, rollout_memory
 from lit_treegrpo.core.spec import TreeSpec
-from lit_treegrpo.memory_guard import RolloutGuard, RolloutMemoryError, check_rollout_memory, memory_for_rank
+from lit_treegrpo.memory_guard import (
+    RolloutGuard,
+    RolloutMemoryError,
+    TrainingGuard,
+    TrainingMemoryError,
+    check_rollout_memory,
+    check_training_memory,
+    memory_for_rank,
+    optimizer_state_bytes,
+    probe_training,
+)
 from lit_treegrpo.settings import MemoryGuard
 
 SPEC = TreeSpec(3, branch_steps=(0, 1), branching=2)
@@ -80,3 +91,91 @@ def test_the_guard_checks_once_per_fit_before_the_data_when_it_can() -> None:
     disabled.before_data(_Adapter(), _Prompts(), SPEC, processes=1, any_rank=lambda d: d)
     disabled.check(_Adapter(), SPEC, COND, NOISE, 2, processes=1, any_rank=lambda d: d)
     assert disabled.checked  # nothing estimated, and not asked again
+
+
+# ------------------------------------------------------------------------------ the training pass
+TRAINING = TrainingMemory(1000, {"gradients": 100, "optimizer state": 200, "the rollout's tree": 0})
+
+
+def check_training(available: int | None, *, any_rank=lambda decision: decision) -> int | None:
+    return check_training_memory(MemoryGuard(fraction=0.5), TRAINING, 6, available=(available, "measured here"),
+                                 any_rank=any_rank, fixes="do this")  # fmt: skip
+
+
+def test_the_parents_that_fit_a_training_forward_come_from_the_fraction_of_the_memory() -> None:
+    assert check_training(2 * (300 + 3 * 1000)) == 3  # limit 0.5 x 6600 = 3300: 3 parents
+    assert check_training(2 * (300 + 1000)) == 1
+    with pytest.raises(TrainingMemoryError) as err:
+        check_training(2 * (300 + 1000) - 2)  # 1 byte short of one parent
+    assert str(err.value) == (
+        "memory guard: the training pass cannot fit even one parent per forward: it needs about "
+        f"{TRAINING.describe(1)} on this rank, but 2.6 kB is available (measured here; x 0.5 = 1.3 kB); "
+        "do this, or set --model.memory_guard.enabled false to skip this check"
+    )
+    with pytest.raises(TrainingMemoryError, match="another data-parallel rank cannot fit the training pass"):
+        check_training(10**9, any_rank=lambda decision: True)
+    with pytest.warns(UserWarning, match="so the training pass's estimated 6.3 kB .* is not checked; give --model.memory_guard.available_gb"):
+        assert check_training(None) is None
+
+
+def test_optimizer_state_still_to_come_is_counted_by_the_optimizer() -> None:
+    params = [torch.nn.Parameter(torch.zeros(10)), torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))]
+    size = 10 * 4 + 5 * 8
+    assert optimizer_state_bytes(torch.optim.AdamW(params), params) == 2 * size  # two moments
+    assert optimizer_state_bytes(torch.optim.Adam(params, amsgrad=True), params) == 3 * size
+    assert optimizer_state_bytes(torch.optim.SGD(params, lr=0.1), params) == 0
+    assert optimizer_state_bytes(torch.optim.SGD(params, lr=0.1, momentum=0.9), params) == size
+    assert optimizer_state_bytes(torch.optim.RMSprop(params), params) == 2 * size  # any other: two copies
+    assert optimizer_state_bytes(None, params) == 2 * size
+    stepped = torch.optim.AdamW(params)
+    params[0].grad = torch.ones(10)
+    stepped.step()  # params[0] has its state now (a resumed run's is loaded after the check)
+    assert optimizer_state_bytes(stepped, params) == 2 * 5 * 8
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+
+    adapters = {(cfg, ckpt): TinySD3Adapter(num_steps=3, guidance_scale=cfg, gradient_checkpointing=ckpt)
+                for cfg in (1.0, 4.5) for ckpt in (False, True)}  # fmt: skip
+    conds = {key: adapter.encode_prompts(["a red circle"]) for key, adapter in adapters.items()}
+    noise = adapters[1.0, False].initial_noise(1, torch.Generator().manual_seed(0))
+    return adapters, conds, noise
+
+
+def test_the_probe_counts_cfg_rows_and_what_checkpointing_saves(tiny) -> None:
+    adapters, conds, noise = tiny
+    probes = {key: probe_training(adapter, SPEC, conds[key], noise) for key, adapter in adapters.items()}
+    # the same counts whether checkpointing is on (its regions run directly in the probe) or off (it
+    # is switched on for the probe, to find the regions, and off again)
+    assert probes[1.0, False] == probes[1.0, True] and probes[4.5, False] == probes[4.5, True]
+    assert not adapters[1.0, False].denoiser.is_gradient_checkpointing and adapters[1.0, True].denoiser.is_gradient_checkpointing
+    plain, guided = probes[1.0, False], probes[4.5, False]
+    assert len(plain.regions) == 2  # the tiny SD3 transformer's two blocks
+    assert plain.activations(True) < plain.activations(False)
+    # classifier-free guidance doubles the rows of a parent's forward (the conditioning and the
+    # children's step outside it do not double: a little less than twice)
+    assert 1.8 * plain.saved < guided.saved < 2 * plain.saved
+    assert all(p.grad is None for p in adapters[1.0, False].trainable_parameters())
+
+
+def test_the_training_guard_sets_the_cap_and_splits_micro_batches(tiny) -> None:
+    adapters, conds, noise = tiny
+    adapter, cond = adapters[1.0, False], conds[1.0, False]
+    saved = probe_training(adapter, SPEC, cond, noise)
+    guard = TrainingGuard(MemoryGuard(available_gb=1.0))
+    guard.check(adapter, SPEC, cond, noise, 2, micro_batches=1, optimizer=None, processes=1, any_rank=lambda d: d)
+    assert guard.checked and guard.memory.per_parent == saved.per_row(False)
+    assert guard.cap == guard.fits == guard.memory.parents_that_fit(0.9e9) > 6  # all 6 parents fit: no split
+    assert guard.chunks([6, 3, 0]) == [1, 1, 1] and not guard.announced
+    capped = TrainingGuard(MemoryGuard(available_gb=1.0, max_train_parents=4))
+    capped.check(adapter, SPEC, cond, noise, 2, micro_batches=1, optimizer=None, processes=1, any_rank=lambda d: d)
+    assert capped.cap == 4 and capped.chunks([6, 4, 9, 0]) == [2, 1, 3, 1] and capped.announced
+    # disabled: no probe, no estimate; only a given cap splits
+    off = TrainingGuard(MemoryGuard(enabled=False, max_train_parents=2))
+    off.check(adapter, SPEC, cond, noise, 2, micro_batches=1, optimizer=None, processes=1, any_rank=lambda d: d)
+    assert off.memory is None and off.active and off.chunks([5]) == [3]
+    assert not TrainingGuard(MemoryGuard(enabled=False)).active
+    with pytest.raises(ValueError, match="memory_guard.max_train_parents must be >= 1 or null, got 0"):
+        MemoryGuard(max_train_parents=0)

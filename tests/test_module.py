@@ -13,9 +13,10 @@ from lit_treegrpo.core.rollout import root_noise
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.faults import FaultLimitError, FaultWarning
-from lit_treegrpo.memory_guard import RolloutMemoryError
+from lit_treegrpo.memory_guard import RolloutMemoryError, TrainingMemoryError
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.module import TreeGRPOModule
+from lit_treegrpo.prompt_stream import PromptBatch
 from lit_treegrpo.rewards import Brightness, RewardModel
 from lit_treegrpo.settings import AdvantageSettings, FaultPolicy, MemoryGuard
 from tests.probes import FlakyReward
@@ -422,6 +423,137 @@ def test_the_memory_guard_measures_this_machine(tmp_path) -> None:
     assert available is not None and available > 0 and where.startswith("MemAvailable / 1 process")
 
 
+# the training pass's guard. SPEC on 2 prompts: 1 + 2 = 3 parents per prompt, so one micro-batch
+# (minibatches 1) of 6 parents, each with 2 children: 12 edges
+
+
+def _count_forwards(model: TreeGRPOModule) -> list[tuple[int, bool]]:
+    """(rows, with grad) of every model call from now on."""
+    calls: list[tuple[int, bool]] = []
+    predict = model.adapter.predict
+    model.adapter.predict = lambda x, *a: calls.append((x.shape[0], torch.is_grad_enabled())) or predict(x, *a)
+    return calls
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD (parameters move by lr x gradient, so they differ by the gradients' rounding) that keeps
+    the gradients it stepped on."""
+
+    def __init__(self, params, grads: list) -> None:
+        super().__init__(params, lr=0.5)
+        self.grads = grads
+
+    def step(self, closure=None):
+        self.grads.append(torch.cat([p.grad.flatten() for group in self.param_groups for p in group["params"]]))
+        return super().step(closure)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(), dict(loss=ClippedPolicyLoss(aggregation="mean", kl_beta=0.1), accumulate=2)],
+    ids=["sum", "mean_kl_accumulate"],
+)
+def test_a_micro_batch_split_by_the_training_guard_gives_the_same_update(tmp_path, settings) -> None:
+    results = {}
+    for cap in (None, 4, 1):
+        grads: list = []
+        model = module(memory_guard=MemoryGuard(max_train_parents=cap), optimizer=lambda p: _RecordingSGD(p, grads),
+                       **settings)  # fmt: skip
+        calls = _count_forwards(model)
+        trainer = fit(model, 1, tmp_path)
+        trained = [rows for rows, grad in calls[1:] if grad]  # calls[0]: the guard's probe of one parent
+        params = torch.cat([p.detach().flatten() for p in model.adapter.trainable_parameters()])
+        results[cap] = trained, grads[0], params, trainer.callback_metrics
+    micro = 6 // settings.get("accumulate", 1)  # parents per micro-batch
+    assert results[None][0] == [micro] * settings.get("accumulate", 1)  # one forward per micro-batch
+    assert results[4][0] == [3, 3]  # one micro-batch of 6: 2 forwards of 3; two of 3 (accumulate 2): they fit
+    assert results[1][0] == [1] * 6
+    _, grads, params, metrics = results[None]
+    for cap in (4, 1):
+        # float32 sums in another order (one batched backward vs. several accumulated ones). The
+        # advantages of a prompt sum to 0, so many gradient elements are near-cancelling sums whose
+        # rounding is relative to their terms, not to themselves: atol 1e-6 x the largest gradient
+        # (about 8 float32 ulps of it); rtol 1e-5 for the others
+        scale = float(grads.abs().max())
+        torch.testing.assert_close(results[cap][1], grads, rtol=1e-5, atol=1e-6 * scale)
+        torch.testing.assert_close(results[cap][2], params, rtol=1e-6, atol=0.5 * 1e-6 * scale)  # lr 0.5
+        assert results[cap][3]["train/forwards"] == metrics["train/forwards"]  # the same forwards counted
+        for name in ("train/policy_loss", "train/kl", "train/ratio_mean", "train/clip_frac"):
+            torch.testing.assert_close(results[cap][3][name], metrics[name], rtol=1e-5, atol=1e-7)
+    assert not torch.equal(params, torch.cat([p.detach().flatten() for p in module().adapter.trainable_parameters()]))
+
+
+def test_the_training_guard_changes_nothing_while_every_micro_batch_fits(tmp_path) -> None:
+    # the probe trains nothing and draws from no generator: guarded and unguarded runs are bitwise equal
+    runs = []
+    for guard in (MemoryGuard(), MemoryGuard(enabled=False)):
+        model = module(memory_guard=guard, minibatches=2)
+        calls = _count_forwards(model)
+        fit(model, 2, tmp_path)
+        runs.append(([c for c in calls if c[1]], [p.detach().clone() for p in model.adapter.trainable_parameters()]))
+        assert model.training_guard.chunks([3]) == [1]
+    (guarded, params), (unguarded, params_off) = runs
+    assert guarded == [(1, True)] + unguarded  # the probe's one parent, then the same forwards
+    assert all(torch.equal(a, b) for a, b in zip(params, params_off))
+
+
+def _training_estimate(tmp_path) -> tuple[int, int]:
+    """(bytes of a training forward of one parent, of two) on this run, as the guard estimates them."""
+    model = module(memory_guard=MemoryGuard(available_gb=1.0))
+    fit(model, 1, tmp_path)
+    return model.training_guard.memory.total(1), model.training_guard.memory.total(2)
+
+
+def test_a_micro_batch_over_the_estimate_is_split_and_announced(tmp_path, caplog) -> None:
+    import logging
+
+    _, two = _training_estimate(tmp_path)
+    model = module(memory_guard=MemoryGuard(available_gb=(two + 1000) / 0.9 / 1e9))  # two parents fit, not three
+    calls = _count_forwards(model)
+    with caplog.at_level(logging.INFO):
+        fit(model, 1, tmp_path)
+    assert model.training_guard.cap == 2 and model.iteration == 1
+    assert [rows for rows, grad in calls[1:] if grad] == [2, 2, 2]
+    announced = [r.getMessage() for r in caplog.records if "training micro-batch" in r.getMessage()]
+    assert len(announced) == 1, announced
+    assert announced[0].startswith("memory guard: a training micro-batch of 6 parents needs about ")
+    assert announced[0].endswith(
+        "runs as 3 forwards of at most 2 parent(s), gradients accumulated (the same update up to float rounding); "
+        "--model.memory_guard.max_train_parents sets the most parents per forward"
+    )
+
+
+class _OneBatch:
+    """Training data that is not a PromptDataModule: one batch of two prompts."""
+
+    def __iter__(self):
+        yield PromptBatch(["a red circle", "a blue square"], 0, [{}, {}])
+
+
+@pytest.mark.parametrize("data", ["datamodule", "plain batches"])
+def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_rollout(tmp_path, data) -> None:
+    one, _ = _training_estimate(tmp_path)
+    rollout_needs = rollout_memory(SPEC, 2, (4, 16, 16), torch.float32,
+                                   cond_bytes=cond_row_bytes(module().adapter.encode_prompts(["a"]))).total  # fmt: skip
+    assert rollout_needs < one - 1000  # a budget between the two: the rollout fits, the training does not
+    model = module(memory_guard=MemoryGuard(available_gb=(one - 1000) / 0.9 / 1e9))
+    calls = _count_forwards(model)
+    with pytest.raises(TrainingMemoryError) as err:
+        if data == "datamodule":
+            fit(model, 1, tmp_path)
+        else:  # no PromptDataModule: the check waits for the first training step, still before its rollout
+            L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path).fit(model, train_dataloaders=_OneBatch())  # fmt: skip
+    message = str(err.value)
+    assert message.startswith("memory guard: the training pass cannot fit even one parent per forward: it needs about ")
+    assert "(--model.memory_guard.available_gb; x 0.9 = " in message
+    assert "turn on --model.adapter.init_args.gradient_checkpointing (about " in message  # it would help here
+    assert "train LoRA" not in message  # the tiny adapter trains LoRA already
+    assert "lower --data.batch_size, the branching or num_trees" in message
+    assert message.endswith("or set --model.memory_guard.enabled false to skip this check")
+    assert [grad for _, grad in calls] == [True] and model.iteration == 0  # the probe alone: no rollout ran
+
+
 def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     # a fingerprint without the later TreeSpec fields reads them at their defaults
     model = module()
@@ -430,8 +562,8 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
     assert model.iteration == 3
-    saved["tree"]["branching"] = 3  # still another tree is refused
-    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+    saved["tree"]["branching"] = 3  # still another tree is refused, naming the option and the checkpoint's value
+    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; resume with 3, or start a new run"):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
 
 
@@ -475,11 +607,15 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     saved = old["lit_treegrpo"]
     mine = {"state_dict": full.state_dict()}
     full.on_save_checkpoint(mine)
-    # (the compute counter came later; a checkpoint without it resumes with the count at 0)
+    # (the compute counter and the settings came later; a checkpoint without them resumes with the
+    # count at 0 and nothing to say about changed settings)
     assert list(saved) == ["iteration", "fingerprint", "faults"]
-    assert list(mine["lit_treegrpo"]) == [*saved, "compute"]
+    assert list(mine["lit_treegrpo"]) == [*saved, "compute", "settings"]
     ours, theirs = mine["lit_treegrpo"]["fingerprint"], saved["fingerprint"]
-    assert {k: v for k, v in ours.items() if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
+    assert {k: ours[k] for k in theirs if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
+    # the fields recorded since are compared only when both sides hold them: the old file resumed above
+    assert set(ours) - set(theirs) == {"shapes", "lora", "adapter_options", "reward", "reward_kwargs", "advantage",
+                                       "loss", "seed", "optimizer"}  # fmt: skip
     # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
     migrated = {k: v for k, v in theirs["tree"].items() if k not in ("max_batch", "max_leaves")}
     assert ours["tree"] == {**migrated, "shared_noise": False} and "max_batch" in theirs["tree"]
@@ -504,7 +640,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
     shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused
-    with pytest.raises(ValueError, match="the checkpoint was trained with tree"):
+    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint \S+ was trained with 2, this run has 3"):
         made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(shape_changed, made.data(), ckpt_path=committed)
 
 

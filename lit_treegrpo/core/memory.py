@@ -24,15 +24,48 @@ model call input       one chunk of at most ``max_batch`` rows of latents and co
 Activations inside the model call are not counted: they depend on the architecture, and chunking
 by ``max_batch`` is what bounds them. Callers leave headroom for them (the module's memory guard
 compares against a fraction of the free memory).
+
+The training pass (:func:`training_memory`) is counted per *parent* (a source node: one row of a
+training forward, two with classifier-free guidance, serving all its kept children), because its
+activations, unlike the rollout's, are what fills the memory: autograd keeps them for the backward.
+:func:`count_saved_tensors` measures them once on the real model (one parent's forward under
+``torch.autograd.graph.saved_tensors_hooks``, exact about what autograd keeps, on any device); a
+micro-batch of ``U`` parents then needs
+
+=====================  =========================================================================
+activations            ``U * saved``: the bytes autograd saves for one parent. With gradient
+                       checkpointing, only each checkpointed region's inputs are kept, and the
+                       backward recomputes one region at a time:
+                       ``saved - sum(region saved) + sum(region inputs) + max(region saved)``
+backward workspace     ``U * 2 * largest``: the gradient flowing back through the largest saved
+                       tensor and the one it produces
+gradients              one per trainable parameter, kept over the micro-batches of an update
+optimizer state        not yet allocated at the start of a fit (Adam: two moments per parameter)
+the rollout's tree     sources, edges, leaf latents and the prompts' conditioning, held while the
+                       pass trains on them (:func:`held_tree_bytes`)
+=====================  =========================================================================
+
+Calibrated on CPU (``benchmarks/training_memory.py``: the peak of live tensor bytes during the
+forward and backward of 1, 4 and 16 parents): the per-parent cost came within -4 % / +39 % of the
+measured slope on the tiny SD3 and SD1.5 models, with and without checkpointing and CFG (the
+checkpointed tiny SD3 the low end, 7 % under its peak at 16 parents). The estimate leaves out a few
+hundred kB per forward that no row pays for, and the decoded images of the step (float32 pixels,
+held too): the ``1 - fraction`` headroom is for them. Not yet calibrated on a GPU.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
+from torch.utils import checkpoint as torch_checkpoint
 
 from .spec import TreeSpec
 
@@ -154,4 +187,178 @@ def available_memory(device: torch.device, processes: int = 1) -> tuple[int | No
     return available // processes, f"MemAvailable / {processes} process(es) of this node"
 
 
-__all__ = ["RolloutMemory", "available_memory", "cond_row_bytes", "format_bytes", "mem_available", "rollout_memory"]
+# ------------------------------------------------------------------------------------ training
+
+
+class SavedTensors(NamedTuple):
+    """What autograd saves for one forward (:func:`count_saved_tensors`), in bytes."""
+
+    saved: int  # distinct storages saved for the backward, parameters left out (checkpointing off)
+    largest: int  # the largest of them
+    regions: tuple[tuple[int, int], ...] = ()  # (inputs, saved) of each checkpointed region
+
+    def activations(self, checkpointing: bool) -> int:
+        """Bytes kept for the backward, with or without gradient checkpointing (which keeps a
+        region's inputs instead of what it saves, and recomputes one region at a time)."""
+        if not checkpointing or not self.regions:
+            return self.saved
+        inside = sum(saved for _, saved in self.regions)
+        inputs = sum(size for size, _ in self.regions)
+        return self.saved - inside + inputs + max(saved for _, saved in self.regions)
+
+    def per_row(self, checkpointing: bool) -> int:
+        """Activations plus the backward workspace (see the module docstring)."""
+        return self.activations(checkpointing) + 2 * self.largest
+
+
+_CHECKPOINT_OPTIONS = ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop")
+
+
+@contextmanager
+def _regions_run_directly(record: Callable[[list[Any], Callable[[], Any]], Any]) -> Iterator[None]:
+    """While open, ``torch.utils.checkpoint.checkpoint(fn, *args)`` (diffusers' gradient
+    checkpointing calls it through the module) runs ``fn(*args)`` at once through
+    ``record(inputs, run)``: a checkpointed region's saved tensors would otherwise hide from the
+    outer hooks behind checkpoint's own, and the probe would not see what the region costs."""
+    original = torch_checkpoint.checkpoint
+
+    def direct(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        for option in _CHECKPOINT_OPTIONS:
+            kwargs.pop(option, None)
+        return record(pytree.tree_leaves((args, kwargs)), lambda: function(*args, **kwargs))
+
+    torch_checkpoint.checkpoint = direct
+    try:
+        yield
+    finally:
+        torch_checkpoint.checkpoint = original
+
+
+def count_saved_tensors(forward: Callable[[], Any], params: Iterable[nn.Parameter | torch.Tensor]) -> SavedTensors:
+    """Run ``forward()`` with grad and count what autograd saves for its backward: distinct storages,
+    leaving out those of ``params`` (the model's parameters and buffers, resident anyway). Each saved
+    tensor is counted and dropped at once (the graph cannot be backpropagated), so the probe costs
+    no more memory than a forward without grad. Regions checkpointed through
+    ``torch.utils.checkpoint.checkpoint`` run directly, each recorded with its inputs' bytes."""
+    # (a sharded parameter, a tensor subclass, has no storage of its own to compare with)
+    resident = {p.untyped_storage().data_ptr() for p in params if type(p) in (torch.Tensor, nn.Parameter)}
+    seen: dict[int, StorageWeakRef] = {}  # storage address -> the storage counted there, while it lives
+    total = largest = 0
+    regions: list[tuple[int, int]] = []
+
+    def pack(t: torch.Tensor) -> None:
+        nonlocal total, largest
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return None
+        if type(t) is not torch.Tensor:  # a tensor subclass (e.g. DTensor): its own size, not deduplicated
+            size = t.numel() * t.element_size()
+        else:
+            storage = t.untyped_storage()
+            address = storage.data_ptr()
+            if address in resident:
+                return None
+            counted = seen.get(address)
+            if counted is not None and not counted.expired():
+                return None  # saved again (x of q, k and v): kept once
+            seen[address] = StorageWeakRef(storage)
+            size = storage.nbytes()
+        total += size
+        largest = max(largest, size)
+        return None
+
+    kept_inputs: dict[int, StorageWeakRef] = {}  # what checkpointing would keep: each storage once
+
+    def record(inputs: list[Any], run: Callable[[], Any]) -> Any:
+        size = 0
+        for t in inputs:
+            if type(t) is not torch.Tensor:  # not a plain tensor: a parameter (resident), or not kept alone
+                continue
+            storage = t.untyped_storage()
+            address = storage.data_ptr()
+            counted = kept_inputs.get(address)
+            if address in resident or (counted is not None and not counted.expired()):
+                continue
+            kept_inputs[address] = StorageWeakRef(storage)
+            size += storage.nbytes()
+        before = total
+        out = run()
+        regions.append((size, total - before))
+        return out
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
+        with _regions_run_directly(record):
+            forward()
+    return SavedTensors(total, largest, tuple(regions))
+
+
+class TrainingMemory(NamedTuple):
+    """Bytes of the training pass: ``per_parent`` for each parent of a micro-batch (its forward and
+    backward, CFG rows included), plus ``fixed`` parts (the rows of the module docstring's table)."""
+
+    per_parent: int
+    fixed: dict[str, int]
+
+    def total(self, parents: int) -> int:
+        return parents * self.per_parent + sum(self.fixed.values())
+
+    def parents_that_fit(self, limit: float) -> int:
+        """The most parents per forward whose total stays within ``limit`` bytes (0: not even one)."""
+        room = limit - sum(self.fixed.values())
+        if room < self.per_parent:
+            return 0
+        return int(room // self.per_parent) if self.per_parent > 0 else 2**62
+
+    def describe(self, parents: int) -> str:
+        """``"1.2 GB (4 parents x 250 MB, gradients 180 MB, ...)"``."""
+        parts = [f"{parents} parent(s) x {format_bytes(self.per_parent)}"]
+        parts += [f"{name} {format_bytes(size)}" for name, size in self.fixed.items() if size]
+        return f"{format_bytes(self.total(parents))} ({', '.join(parts)})"
+
+
+def held_tree_bytes(
+    spec: TreeSpec, num_prompts: int, latent_shape: tuple[int, ...], latent_dtype: torch.dtype, *, cond_bytes: int = 0
+) -> int:
+    """Bytes of the rollout's tree that the training pass holds: sources, edges, leaf latents and
+    the prompts' conditioning (the rollout's workspace is gone by then)."""
+    parts = rollout_memory(spec, num_prompts, latent_shape, latent_dtype, cond_bytes=cond_bytes).parts
+    return parts["recorded sources"] + parts["recorded edges"] + parts["leaf latents"] + num_prompts * cond_bytes
+
+
+def training_memory(
+    saved: SavedTensors, *, checkpointing: bool, trainable_bytes: int, optimizer_state_bytes: int, held_bytes: int
+) -> TrainingMemory:
+    """The training pass's memory from one parent's :func:`count_saved_tensors` (see the module
+    docstring): ``trainable_bytes`` of the trained parameters (their gradients),
+    ``optimizer_state_bytes`` still to be allocated, ``held_bytes`` of the rollout's tree."""
+    return TrainingMemory(
+        saved.per_row(checkpointing),
+        {"gradients": trainable_bytes, "optimizer state": optimizer_state_bytes, "the rollout's tree": held_bytes},
+    )
+
+
+def parents_per_rank(spec: TreeSpec, num_prompts: int) -> int:
+    """Sources (parents) of one rank's rollout: every training forward row there is to train on."""
+    return num_prompts * sum(spec.nodes_at(t) for t in range(spec.num_steps) if spec.is_stochastic(t))
+
+
+def largest_micro_batch(parents: int, micro_batches: int) -> int:
+    """Parents of the largest of ``micro_batches`` near-equal micro-batches of ``parents``
+    (:func:`~lit_treegrpo.core.rollout.source_minibatches`)."""
+    return math.ceil(parents / max(micro_batches, 1))
+
+
+__all__ = [
+    "RolloutMemory",
+    "SavedTensors",
+    "TrainingMemory",
+    "available_memory",
+    "cond_row_bytes",
+    "count_saved_tensors",
+    "format_bytes",
+    "held_tree_bytes",
+    "largest_micro_batch",
+    "mem_available",
+    "parents_per_rank",
+    "rollout_memory",
+    "training_memory",
+]

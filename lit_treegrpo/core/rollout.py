@@ -335,13 +335,32 @@ def source_minibatches(
     return list(torch.split(kept, counts))
 
 
+def split_by_parent(tree: RolloutTree, edges: Tensor, chunks: int) -> list[Tensor]:
+    """Split a minibatch of edges [B] into ``chunks`` parts of near-equal parent (source) counts
+    that never split a parent's children: the forwards of a micro-batch too large for one (some
+    parts empty when it has fewer parents). Edges keep their order within a part."""
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    _, parent = torch.unique(tree.edge_source[edges], return_inverse=True)  # [B] 0 .. U-1
+    U = int(parent.max()) + 1 if edges.numel() else 0
+    part = parent * chunks // max(U, 1)  # [B] contiguous near-equal runs of parents
+    return [edges[part == j] for j in range(chunks)]
+
+
+def num_parents(tree: RolloutTree, edges: Tensor) -> int:
+    """Distinct sources of the edges [B]: the rows of their training forward."""
+    return int(torch.unique(tree.edge_source[edges]).numel())
+
+
 __all__ = [
     "EdgeLogProbs",
     "PredictFn",
     "RolloutTree",
     "StepFn",
     "index_cond",
+    "num_parents",
     "recompute_log_probs",
     "rollout",
     "source_minibatches",
+    "split_by_parent",
 ]

@@ -1,13 +1,29 @@
 """The rollout memory estimate: hand-counted bytes, and the recorded parts equal to what a real
-rollout stores."""
+rollout stores. The training pass's: what autograd saves, counted exactly on small modules, with
+and without checkpointed regions, and its arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.utils import checkpoint as torch_checkpoint
 
 from lit_treegrpo.core import memory
-from lit_treegrpo.core.memory import available_memory, cond_row_bytes, format_bytes, mem_available, rollout_memory
+from lit_treegrpo.core.memory import (
+    SavedTensors,
+    TrainingMemory,
+    available_memory,
+    cond_row_bytes,
+    count_saved_tensors,
+    format_bytes,
+    held_tree_bytes,
+    largest_micro_batch,
+    mem_available,
+    parents_per_rank,
+    rollout_memory,
+    training_memory,
+)
 from lit_treegrpo.core.rollout import rollout
 from lit_treegrpo.core.spec import TreeSpec
 
@@ -99,3 +115,92 @@ def test_available_memory_shares_memavailable_among_the_node_processes(monkeypat
 def test_mem_available_reads_this_machine() -> None:
     available = mem_available()
     assert available is not None and available > 0
+
+
+# ------------------------------------------------------------------------------ the training pass
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_saved_tensors_are_counted_exactly_without_the_parameters(rows: int) -> None:
+    # Linear(8, 16) saves its input x [rows, 8] (and its weight: a parameter, left out); ReLU saves its
+    # output [rows, 16], which the second Linear saves again as its input (one storage: counted once)
+    mlp = _mlp()
+    x = torch.randn(rows, 8)
+    saved = count_saved_tensors(lambda: mlp(x).sum(), mlp.parameters())
+    assert saved == SavedTensors(rows * 8 * 4 + rows * 16 * 4, rows * 16 * 4, ())
+    assert saved.activations(True) == saved.activations(False) == saved.saved  # nothing checkpointed
+    assert saved.per_row(False) == saved.saved + 2 * rows * 16 * 4  # the backward's workspace
+    assert all(p.grad is None for p in mlp.parameters())  # nothing was backpropagated
+
+
+class _Checkpointed(nn.Module):
+    """Two checkpointed blocks between an input and an output layer, as diffusers calls them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(8, 32), nn.Linear(32, 4)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = torch_checkpoint.checkpoint(block, h, use_reentrant=False)
+        return self.out(h)
+
+
+def test_checkpointed_regions_are_seen_and_keep_only_their_inputs() -> None:
+    model = _Checkpointed()
+    x = torch.randn(5, 8)
+    original = torch_checkpoint.checkpoint
+    saved = count_saved_tensors(lambda: model(x).sum(), model.parameters())
+    assert torch_checkpoint.checkpoint is original  # the probe's detour is undone
+    # outside: inp saves x [5, 8]; out saves its input [5, 32] (the second block's output). Each
+    # block: Linear saves h [5, 32], ReLU its output [5, 64], the second Linear that again
+    row32, row64 = 5 * 32 * 4, 5 * 64 * 4
+    assert saved.regions == ((row32, row32 + row64), (row32, row32 + row64))
+    assert saved.saved == 5 * 8 * 4 + 2 * (row32 + row64) + row32
+    # checkpointing keeps each block's input instead, and recomputes one block at a time
+    assert saved.activations(False) == saved.saved
+    assert saved.activations(True) == 5 * 8 * 4 + row32 + 2 * row32 + (row32 + row64)
+    assert saved.largest == row64
+    # a region that raises leaves torch's checkpoint as it was
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        count_saved_tensors(lambda: model(torch.randn(5, 7)), model.parameters())
+    assert torch_checkpoint.checkpoint is original
+
+
+def test_the_probe_holds_no_activations() -> None:
+    # each saved tensor is dropped at once: a big forward's graph keeps nothing alive afterwards
+    mlp = _mlp()
+    x = torch.randn(4, 8)
+    outputs = []
+    count_saved_tensors(lambda: outputs.append(mlp(x)), mlp.parameters())
+    with pytest.raises(TypeError, match="unpack_hook expected to be a Tensor"):  # its saved tensors are gone
+        outputs[0].sum().backward()
+
+
+def test_training_memory_arithmetic() -> None:
+    saved = SavedTensors(saved=1000, largest=100, regions=((10, 400), (10, 300)))
+    mem = training_memory(saved, checkpointing=True, trainable_bytes=50, optimizer_state_bytes=100, held_bytes=150)
+    # checkpointed: 1000 - (400 + 300) + (10 + 10) + 400 = 720, plus 2 x 100 of backward workspace
+    assert mem == TrainingMemory(920, {"gradients": 50, "optimizer state": 100, "the rollout's tree": 150})
+    assert training_memory(saved, checkpointing=False, trainable_bytes=0, optimizer_state_bytes=0, held_bytes=0).per_parent == 1200
+    assert mem.total(3) == 3 * 920 + 300
+    assert mem.parents_that_fit(300 + 3 * 920) == 3 and mem.parents_that_fit(300 + 3 * 920 - 1) == 2
+    assert mem.parents_that_fit(300 + 919) == 0 and mem.parents_that_fit(100) == 0
+    assert mem.describe(2) == "2.14 kB (2 parent(s) x 920 B, gradients 50 B, optimizer state 100 B, the rollout's tree 150 B)"
+
+
+def test_parents_and_the_largest_micro_batch() -> None:
+    spec = TreeSpec(4, branch_steps=(0, 1), branching=2)  # stochastic steps 0, 1: 1 + 2 = 3 sources
+    assert parents_per_rank(spec, 2) == 6
+    assert parents_per_rank(TreeSpec(4, sde_steps=(0, 1, 2), num_trees=3), 1) == 9
+    assert [largest_micro_batch(6, m) for m in (1, 2, 4, 6, 10)] == [6, 3, 2, 1, 1]
+    # what the training pass holds of the tree: sources, edges, leaves (4096 B each), the prompts' cond
+    assert held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=1000) == (3 + 6 + 4) * 2 * 4096 + 2 * 1000

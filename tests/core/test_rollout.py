@@ -10,10 +10,12 @@ import torch
 from lit_treegrpo.core.rollout import (
     RolloutTree,
     index_cond,
+    num_parents,
     recompute_log_probs,
     rollout,
     root_noise,
     source_minibatches,
+    split_by_parent,
 )
 from lit_treegrpo.core.spec import TreeSpec
 
@@ -249,6 +251,29 @@ def test_source_minibatches_by_count_always_returns_that_many(num_batches: int) 
     assert sum(len(s) for s in per_source) == len(set().union(*per_source))  # no parent split
     empty = source_minibatches(tree, torch.zeros_like(keep), num_batches=num_batches)
     assert len(empty) == num_batches and all(b.numel() == 0 for b in empty)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 4, 11])
+def test_split_by_parent_keeps_parents_whole_in_near_equal_parts(chunks: int) -> None:
+    # the training guard's split of one micro-batch into several forwards
+    spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=2, sde_steps=(4,))
+    tree, _, _, _ = grow(spec)
+    keep = torch.rand(tree.num_edges, generator=torch.Generator().manual_seed(0)) > 0.3
+    (edges,) = source_minibatches(tree, keep, num_batches=1, generator=torch.Generator().manual_seed(1))
+    U = num_parents(tree, edges)
+    parts = split_by_parent(tree, edges, chunks)
+    assert len(parts) == chunks
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.sort(edges).values)  # each edge once
+    sources = [set(tree.edge_source[part].tolist()) for part in parts]
+    assert sum(len(s) for s in sources) == U  # no parent in two parts
+    sizes = [len(s) for s in sources]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) == math.ceil(U / chunks)
+    for part in parts:  # edges keep the micro-batch's order
+        position = [edges.tolist().index(e) for e in part.tolist()]
+        assert position == sorted(position)
+    assert all(p.numel() == 0 for p in split_by_parent(tree, edges[:0], chunks))
+    with pytest.raises(ValueError, match="chunks must be >= 1"):
+        split_by_parent(tree, edges, 0)
 
 
 def test_per_prompt_generators_make_each_prompt_independent_of_the_batch() -> None:
