@@ -153,7 +153,9 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
         summary["final_per_seed"] = [stats.at(curve(r), budget) for _, r in done]
         summary["auc_per_seed"] = [stats.area(curve(r), budget) for _, r in done]
         methods[name] = summary
-    complete = goals is not None and all(m in methods for m in design.headline)
+    # complete: every headline method has all its reported seeds (variants may be listed as not run)
+    complete = goals is not None and all(m in methods and methods[m]["n"] == len(design.report_seeds)
+                                         for m in design.headline)  # fmt: skip
     if goals is not None and all(goals[k]["method"] in methods for k in ("best_flat", "dancegrpo")):
         speedups(methods, goals, seed)
     headline = [m for m in design.headline if m in methods]
@@ -214,7 +216,10 @@ def headline_sentence(report: dict[str, Any]) -> str:
         return ("No result yet: the method comparison is under way and none of its reported seeds has been "
                 "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far).")
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
-    return (f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
+    interim = "" if report["complete"] else (
+        f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired seeds "
+        "trained; read nothing into it until it completes): ")
+    return interim + (f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
             f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + ".")  # fmt: skip
 
 
