@@ -99,7 +99,7 @@ def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:
 
 def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp_path: Path) -> None:
     from lit_treegrpo.cli import TreeGRPOCLI
-    from lit_treegrpo.export import ema_state, restore, swapped_in
+    from lit_treegrpo.runs.export import ema_state, restore, swapped_in
     from lit_treegrpo.models.tiny import tiny_sd3_pipeline
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
@@ -214,7 +214,7 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
     from diffusers import SD3Transformer2DModel
 
     from lit_treegrpo.cli import TreeGRPOCLI
-    from lit_treegrpo.export import restore
+    from lit_treegrpo.runs.export import restore
     from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
 
     base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]

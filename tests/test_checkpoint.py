@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
+from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_a_full_disk_reported_by_torchs_zip_writer_is_one_oserror(tmp_path: Path
 _KILLED_WRITER = """
 import io, sys, time, torch
 from pathlib import Path
-from lit_treegrpo.checkpoint import AtomicCheckpointIO
+from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO
 path, marker = Path(sys.argv[1]), Path(sys.argv[2])
 plugin = AtomicCheckpointIO()
 plugin.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, path)

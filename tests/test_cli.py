@@ -231,7 +231,7 @@ def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path,
 
 def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_model) -> None:
     from lit_treegrpo.cli import DEBUG_ENV, main
-    from lit_treegrpo.cli_errors import UserError
+    from lit_treegrpo.cli.user_errors import UserError
 
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(UserError, match="--model.tree.branchng: no such option"):  # raised, not printed
@@ -391,7 +391,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_path: Path, capsys, monkeypatch) -> None:
-    from lit_treegrpo.prompt_stream import PromptStream
+    from lit_treegrpo.data.prompt_stream import PromptStream
 
     drawn = []
     batch = PromptStream.batch
@@ -407,7 +407,7 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
 def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.memory_guard import probe_training
+    from lit_treegrpo.training.memory_guard import probe_training
     from lit_treegrpo.models.tiny import TinySD3Adapter
 
     # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent

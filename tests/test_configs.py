@@ -17,7 +17,7 @@ from lit_treegrpo.models import FluxAdapter, SD3Adapter, SD15Adapter, WanAdapter
 from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
 from lit_treegrpo.models.tiny import tiny_flux_pipeline, tiny_sd3_pipeline, tiny_sd15_pipeline
 from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline
-from lit_treegrpo.module import TreeGRPOModule
+from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

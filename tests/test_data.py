@@ -15,9 +15,9 @@ import torch
 from lightning import LightningModule, Trainer
 from torch.utils.data import DataLoader
 
-from lit_treegrpo.data import PromptDataModule, resolve_batch_size
-from lit_treegrpo.prompt_sets import PromptSet, available_prompt_sets, load_prompts
-from lit_treegrpo.prompt_stream import PromptBatch, PromptStream, collate, eval_batches, prompt_permutation
+from lit_treegrpo.data.datamodule import PromptDataModule, resolve_batch_size
+from lit_treegrpo.data.prompt_sets import PromptSet, available_prompt_sets, load_prompts
+from lit_treegrpo.data.prompt_stream import PromptBatch, PromptStream, collate, eval_batches, prompt_permutation
 from lit_treegrpo.shapes import world
 
 COLOURS = list(world.COLOURS)

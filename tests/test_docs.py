@@ -171,7 +171,7 @@ def test_the_extending_command_lines_build_their_runs(example_project) -> None:
     (no training: the slow test below trains each for one step in its own process). ``train.py``
     imports ``my_extensions`` before it calls the command line; so does this test."""
     from lit_treegrpo.cli import TreeGRPOCLI
-    from lit_treegrpo.module import TreeGRPOModule
+    from lit_treegrpo.training.module import TreeGRPOModule
 
     folder, _, commands = example_project
     for i, argv in enumerate(commands):

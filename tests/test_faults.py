@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lit_treegrpo.faults import (
+from lit_treegrpo.training.faults import (
     FAULT_COUNTERS,
     FaultLedger,
     FaultLimitError,
@@ -17,7 +17,7 @@ from lit_treegrpo.faults import (
     StepPlan,
     constant_groups,
 )
-from lit_treegrpo.settings import FaultPolicy
+from lit_treegrpo.training.faults import FaultPolicy
 
 NAN = float("nan")
 PROMPTS = ["a", "b", "c"]

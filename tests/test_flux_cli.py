@@ -75,7 +75,7 @@ FSDP2 = ('{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "
 
 
 def test_model_parallel_with_tensor_parallel_ranks_is_refused() -> None:
-    from lit_treegrpo.settings import data_parallel_mesh
+    from lit_treegrpo.training.sharding import data_parallel_mesh
 
     class Mesh:  # the two named dimensions of ModelParallelStrategy's device mesh
         def __init__(self, sizes: dict[str, int]) -> None:

@@ -43,7 +43,7 @@ def test_callbacks_install_as_a_subpackage() -> None:
 def test_importing_the_package_sets_no_warning_filter_and_main_does() -> None:
     # process-wide filters belong to the program's start (cli.main), not to an import
     code = (
-        "import warnings, lit_treegrpo.module, lit_treegrpo.cli as cli\n"
+        "import warnings, lit_treegrpo.training.module, lit_treegrpo.cli.app as cli\n"
         "ours = lambda: [f for f in warnings.filters if f[1] is not None and 'eval mode at the start' in f[1].pattern]\n"
         "before = len(ours())\n"
         "cli.quiet_known_warnings()\n"

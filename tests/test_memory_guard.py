@@ -10,7 +10,7 @@ import torch
 
 from lit_treegrpo.core.memory import TrainingMemory, format_bytes, rollout_memory
 from lit_treegrpo.core.spec import TreeSpec
-from lit_treegrpo.memory_guard import (
+from lit_treegrpo.training.memory_guard import (
     RolloutGuard,
     RolloutMemoryError,
     TrainingGuard,
@@ -21,7 +21,8 @@ from lit_treegrpo.memory_guard import (
     optimizer_state_bytes,
     probe_training,
 )
-from lit_treegrpo.settings import MemoryGuard
+from lit_treegrpo.training import memory_guard
+from lit_treegrpo.training.memory_guard import MemoryGuard, available_memory, mem_available
 
 SPEC = TreeSpec(3, branch_steps=(0, 1), branching=2)
 COND = torch.zeros(1, 10)  # 40 bytes per prompt row
@@ -179,3 +180,17 @@ def test_the_training_guard_sets_the_cap_and_splits_micro_batches(tiny) -> None:
     assert not TrainingGuard(MemoryGuard(enabled=False)).active
     with pytest.raises(ValueError, match="memory_guard.max_train_parents must be >= 1 or null, got 0"):
         MemoryGuard(max_train_parents=0)
+
+
+# ------------------------------------------------------------------------ measuring the memory
+def test_available_memory_shares_memavailable_among_the_node_processes(monkeypatch) -> None:
+    monkeypatch.setattr(memory_guard, "mem_available", lambda: 4000)
+    assert available_memory(torch.device("cpu"), processes=4) == (1000, "MemAvailable / 4 process(es) of this node")
+    assert available_memory(torch.device("meta")) == (None, "not measured on meta")
+    monkeypatch.setattr(memory_guard, "mem_available", lambda: None)
+    assert available_memory(torch.device("cpu")) == (None, "MemAvailable unknown")
+
+
+def test_mem_available_reads_this_machine() -> None:
+    available = mem_available()
+    assert available is not None and available > 0

@@ -12,13 +12,13 @@ from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, RolloutLimits, T
 from lit_treegrpo.core.rollout import root_noise
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 from lit_treegrpo.data import PromptDataModule
-from lit_treegrpo.faults import FaultLimitError, FaultWarning
-from lit_treegrpo.memory_guard import RolloutMemoryError, TrainingMemoryError
+from lit_treegrpo.training.faults import FaultLimitError, FaultPolicy, FaultWarning
+from lit_treegrpo.training.memory_guard import MemoryGuard, RolloutMemoryError, TrainingMemoryError
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import TreeGRPOModule
-from lit_treegrpo.prompt_stream import PromptBatch
+from lit_treegrpo.training.module import TreeGRPOModule
+from lit_treegrpo.data.prompt_stream import PromptBatch
 from lit_treegrpo.rewards import Brightness, RewardModel
-from lit_treegrpo.settings import AdvantageSettings, FaultPolicy, MemoryGuard
+from lit_treegrpo.training.settings import AdvantageSettings
 from tests.probes import FlakyReward
 
 T = 3

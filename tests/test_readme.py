@@ -83,7 +83,7 @@ def test_the_results_quote_the_committed_step_noise_table() -> None:
 
 def test_the_reward_table_and_the_modules_help_name_every_registered_reward() -> None:
     # one registry (rewards.REWARDS); what users read about it is checked against it
-    from lit_treegrpo.module import TreeGRPOModule
+    from lit_treegrpo.training.module import TreeGRPOModule
     from lit_treegrpo.rewards import REWARDS
 
     section = (DOCS / "rewards.md").read_text()

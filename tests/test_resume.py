@@ -16,8 +16,8 @@ from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import TreeGRPOModule
-from lit_treegrpo.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
+from lit_treegrpo.training.module import TreeGRPOModule
+from lit_treegrpo.training.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
 from lit_treegrpo.rewards import Brightness
 from tests.probes import FlakyReward
 from tests.test_cli import QUIET, TINY, _main_error, snapshot

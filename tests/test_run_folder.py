@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo import run_folder
-from lit_treegrpo.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
+from lit_treegrpo.runs import run_folder
+from lit_treegrpo.runs.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
 from tests.test_cli import QUIET, TINY, _main_error, no_model, snapshot  # noqa: F401  (no_model: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,7 +255,7 @@ class _LastWrites:
     checkpoint IO."""
 
     def __init__(self, monkeypatch) -> None:
-        from lit_treegrpo.checkpoint import AtomicCheckpointIO
+        from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO
 
         self.writes: list[tuple[int, int]] = []
         save = AtomicCheckpointIO.save_checkpoint
@@ -315,7 +315,7 @@ def test_a_fit_stopped_by_max_time_saves_its_final_state(tmp_path: Path, monkeyp
 
     from lightning.pytorch.callbacks import timer
 
-    from lit_treegrpo.module import TreeGRPOModule
+    from lit_treegrpo.training.module import TreeGRPOModule
 
     fitting: list[TreeGRPOModule] = []
     on_fit_start = TreeGRPOModule.on_fit_start

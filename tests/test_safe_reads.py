@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from lit_treegrpo.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, guard_strategy_load, read_checkpoint
+from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, guard_strategy_load, read_checkpoint
 from tests.test_cli import QUIET, TINY, _main_error, no_model  # noqa: F401 (a fixture)
 
 EMA = """\
@@ -68,7 +68,7 @@ def test_a_hostile_checkpoint_is_refused_naming_the_global_and_runs_nothing(tmp_
 
 
 def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_wording(tmp_path: Path, monkeypatch) -> None:
-    from lit_treegrpo.checkpoint import refused_globals
+    from lit_treegrpo.runs.checkpoint import refused_globals
 
     marker = tmp_path / "marker"
     path = hostile_checkpoint(tmp_path / "hostile.ckpt", marker)
@@ -87,7 +87,7 @@ def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_
 
 
 def test_torchs_advice_to_load_unsafely_never_reaches_the_message() -> None:
-    from lit_treegrpo.checkpoint import _without_advice
+    from lit_treegrpo.runs.checkpoint import _without_advice
 
     err = RuntimeError("Cannot use ``weights_only=True`` with TorchScript archives passed to ``torch.load``. In PyTorch "
                        "2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
@@ -170,7 +170,7 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("command", ["fit", "validate", "predict", "export"])
 def test_a_checkpoint_swapped_after_it_was_verified_is_never_read(run: Path, tmp_path: Path, monkeypatch, command: str) -> None:
-    from lit_treegrpo import cli
+    from lit_treegrpo.cli import app as cli
 
     root = tmp_path / "run"
     shutil.copytree(run, root)

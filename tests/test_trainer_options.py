@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lit_treegrpo.cli_errors import UserError
+from lit_treegrpo.cli.user_errors import UserError
 from tests.test_cli import QUIET, TINY, _main_error, no_model  # noqa: F401 (a fixture)
 
 #: every value each numeric option is fed: zero, negative, NaN (as text and as YAML's .nan), no number
@@ -70,7 +70,7 @@ def parser():
 def _check(parser, tmp_path: Path, *args: str, subcommand: str = "fit") -> None:
     """Parse a command line and run the checks the CLI runs before any model loads; raises the
     one-line :class:`UserError` of the first problem."""
-    from lit_treegrpo.cli_checks import check_config
+    from lit_treegrpo.cli.checks import check_config
 
     config = parser.parse_args([subcommand, "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path), *args])
     check_config(config[subcommand], subcommand=subcommand)

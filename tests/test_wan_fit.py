@@ -69,7 +69,7 @@ def test_tiny_wan_resume_with_ckpt_path_last_continues_exactly(tmp_path: Path) -
 def test_predict_writes_a_looping_gif_per_video(tmp_path: Path) -> None:
     from PIL import Image
 
-    from lit_treegrpo.predictions import save_predictions
+    from lit_treegrpo.training.predictions import save_predictions
 
     videos = torch.rand(2, 5, 3, 8, 12, generator=torch.Generator().manual_seed(0))  # [P, F, 3, H, W]
     paths = save_predictions(videos, ["a red fox", "a cat"], tmp_path, batch_index=3)
@@ -84,7 +84,7 @@ def test_the_module_refuses_an_image_reward_for_a_video_policy_and_back() -> Non
     from lit_treegrpo.core import TreeSpec
     from lit_treegrpo.models.tiny import TinySD3Adapter
     from lit_treegrpo.models.tiny_wan import TinyWanAdapter
-    from lit_treegrpo.module import TreeGRPOModule
+    from lit_treegrpo.training.module import TreeGRPOModule
 
     with pytest.raises(ValueError, match="the adapter makes videos but reward 'brightness' scores images"):
         TreeGRPOModule(TinyWanAdapter(num_steps=2), "brightness", TreeSpec(2, branch_steps=(0,), branching=2))

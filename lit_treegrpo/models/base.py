@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.steps import StepOutput
-from ..hub import require_hub
+from ..common.hub import require_hub
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first

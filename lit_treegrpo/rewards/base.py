@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_treegrpo.core.advantages import combine_rewards
-from lit_treegrpo.errors import first_line
-from lit_treegrpo.hub import require_hub
+from lit_treegrpo.common.errors import first_line
+from lit_treegrpo.common.hub import require_hub
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -179,7 +179,7 @@ def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], 
     """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
     cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
     hub repository (``repo_id``, default ``name_or_path``) that is not cached fails in seconds when
-    the hub cannot be reached (:func:`lit_treegrpo.hub.require_hub`)."""
+    the hub cannot be reached (:func:`lit_treegrpo.common.hub.require_hub`)."""
     if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
         raise RewardLoadError(f"cannot load {what}: no such file or folder '{name_or_path}'")
     try:

@@ -20,13 +20,18 @@ import torch
 from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.rewards import RewardModel
 
-try:
-    from lit_treegrpo.settings import FaultPolicy
-except ImportError:  # the code before the split
-    from lit_treegrpo.module import FaultPolicy
+try:  # the package grouped by concern
+    from lit_treegrpo.training.faults import FaultPolicy
+    from lit_treegrpo.training.module import TreeGRPOModule
+except ImportError:  # the flat package: after the module split (settings.py), or before it
+    from lit_treegrpo.module import TreeGRPOModule
+
+    try:
+        from lit_treegrpo.settings import FaultPolicy
+    except ImportError:
+        from lit_treegrpo.module import FaultPolicy
 
 STEPS = 2
 NAME = "tiny_sd3_step2.ckpt"

@@ -9,17 +9,14 @@ import torch
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from lit_treegrpo.core import memory
 from lit_treegrpo.core.memory import (
     SavedTensors,
     TrainingMemory,
-    available_memory,
     cond_row_bytes,
     count_saved_tensors,
     format_bytes,
     held_tree_bytes,
     largest_micro_batch,
-    mem_available,
     parents_per_rank,
     rollout_memory,
     training_memory,
@@ -102,19 +99,6 @@ def test_bad_arguments_are_named() -> None:
         rollout_memory(TreeSpec(2), 0, (1,), torch.float32)
     with pytest.raises(ValueError, match="cond_bytes must be >= 0"):
         rollout_memory(TreeSpec(2), 1, (1,), torch.float32, cond_bytes=-1)
-
-
-def test_available_memory_shares_memavailable_among_the_node_processes(monkeypatch) -> None:
-    monkeypatch.setattr(memory, "mem_available", lambda: 4000)
-    assert available_memory(torch.device("cpu"), processes=4) == (1000, "MemAvailable / 4 process(es) of this node")
-    assert available_memory(torch.device("meta")) == (None, "not measured on meta")
-    monkeypatch.setattr(memory, "mem_available", lambda: None)
-    assert available_memory(torch.device("cpu")) == (None, "MemAvailable unknown")
-
-
-def test_mem_available_reads_this_machine() -> None:
-    available = mem_available()
-    assert available is not None and available > 0
 
 
 # ------------------------------------------------------------------------------ the training pass

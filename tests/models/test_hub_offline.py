@@ -9,7 +9,7 @@ import pytest
 from huggingface_hub import constants
 from transformers import CLIPTokenizer
 
-from lit_treegrpo.hub import hub_reachable
+from lit_treegrpo.common.hub import hub_reachable
 from lit_treegrpo.models import base
 
 

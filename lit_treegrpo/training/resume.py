@@ -3,7 +3,7 @@ a resume: which options it may change (docs/configs.md, "Resume rules").
 
 The entry holds ``iteration`` (completed training steps), ``fingerprint`` (:func:`fingerprint`:
 what a resumed fit must share with the run that wrote the checkpoint), ``faults``
-(:meth:`lit_treegrpo.faults.FaultLedger.state_dict`), ``compute`` and ``settings`` (the options a
+(:meth:`lit_treegrpo.training.faults.FaultLedger.state_dict`), ``compute`` and ``settings`` (the options a
 resume may change, recorded so that it can say what it changed: :func:`changed_settings`).
 
 - :func:`check_resumable` refuses, in one line naming the option and the checkpoint's value, a
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .core.spec import TreeSpec
+from ..core.spec import TreeSpec
 
 #: how every refusal ends: the two ways to start over instead of resuming
 NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_dir)"

@@ -1,7 +1,7 @@
 """Prompts for RL post-training: :class:`PromptDataModule`, with a train / validation split.
 
-Prompts load from a file or a built-in set (:mod:`lit_treegrpo.prompt_sets`); training batches come
-from a stateless, seeded, data-parallel stream (:mod:`lit_treegrpo.prompt_stream`) whose batch
+Prompts load from a file or a built-in set (:mod:`lit_treegrpo.data.prompt_sets`); training batches come
+from a stateless, seeded, data-parallel stream (:mod:`lit_treegrpo.data.prompt_stream`) whose batch
 ``k`` is a pure function of ``(seed, k, rank, world size, prompts)``, so a resumed run continues
 exactly by starting at the right ``k`` (:attr:`PromptDataModule.start_index`).
 """

@@ -3,10 +3,11 @@ tree's shape (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a tree
 naming the options that shrink it; then measure what one parent of the training pass costs
 (:func:`probe_training`) and work out how many parents a training forward can take: a larger
 micro-batch is split into several forwards with gradients accumulated, and a run that cannot fit
-even one is refused. :class:`~lit_treegrpo.settings.MemoryGuard` holds the options,
-:class:`RolloutGuard` and :class:`TrainingGuard` the checks of one fit (once: before the first batch
-is drawn when the data come from a :class:`~lit_treegrpo.data.PromptDataModule`, else at the first
-training step)."""
+even one is refused. :class:`MemoryGuard` holds the options, :class:`RolloutGuard` and
+:class:`TrainingGuard` the checks of one fit (once: before the first batch is drawn when the data
+come from a :class:`~lit_treegrpo.data.PromptDataModule`, else at the first training step).
+:func:`available_memory` measures what there is (free CUDA memory, or ``/proc/meminfo``'s
+MemAvailable): the engine's arithmetic (:mod:`lit_treegrpo.core.memory`) probes nothing itself."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from .core.memory import (
+from ..core.memory import (
     SavedTensors,
     TrainingMemory,
-    available_memory,
     cond_row_bytes,
     count_saved_tensors,
     format_bytes,
@@ -33,9 +35,39 @@ from .core.memory import (
     rollout_memory,
     training_memory,
 )
-from .core.rollout import index_cond
-from .core.spec import TreeSpec
-from .settings import MemoryGuard
+from ..core.rollout import index_cond
+from ..core.spec import TreeSpec
+
+
+@dataclass(frozen=True)
+class MemoryGuard:
+    """Before the first batch is drawn, estimate its peak memory from the tree's shape
+    (:func:`lit_treegrpo.core.memory.rollout_memory`) and refuse a run that cannot fit; measure what
+    one parent of the training pass costs (:func:`lit_treegrpo.training.memory_guard.probe_training`) and
+    split a training micro-batch that does not fit into several forwards, refusing a run where
+    not even one parent fits."""
+
+    enabled: bool = True
+    """Run the check (false: start the rollout without estimating)."""
+    fraction: float = 0.9
+    """Refuse when the estimate exceeds this fraction of the available memory; the rest is
+    headroom for the model's activations, which the estimate does not count."""
+    available_gb: float | None = None
+    """Memory to compare against, in GB (1e9 bytes); null measures it: free device memory on CUDA,
+    MemAvailable of /proc/meminfo shared by the processes of this node on CPU."""
+    max_train_parents: int | None = None
+    """The most parents (rows of a training forward, two each with CFG) one forward and backward of
+    the training pass takes: a micro-batch with more runs as several, gradients accumulated, for the
+    same update up to float rounding. Null: as many as the estimate lets fit (all of them while
+    they fit, which leaves the computation as it is). Applies with ``enabled: false`` too."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"memory_guard.fraction must be in (0, 1], got {self.fraction}")
+        if self.available_gb is not None and self.available_gb <= 0:
+            raise ValueError(f"memory_guard.available_gb must be > 0 or null, got {self.available_gb}")
+        if self.max_train_parents is not None and self.max_train_parents < 1:
+            raise ValueError(f"memory_guard.max_train_parents must be >= 1 or null, got {self.max_train_parents}")
 
 
 class RolloutMemoryError(ValueError):
@@ -44,6 +76,35 @@ class RolloutMemoryError(ValueError):
 
 class TrainingMemoryError(ValueError):
     """The memory guard refused a training pass that cannot fit even one parent per forward."""
+
+
+# ------------------------------------------------------------------------ measuring
+def mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux), else psutil's, else None."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
+    try:
+        import psutil
+    except ImportError:  # optional: without it (and without /proc) the guard cannot measure
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def available_memory(device: torch.device, processes: int = 1) -> tuple[int | None, str]:
+    """(bytes available to one process on ``device``, where the number comes from): free device
+    memory on CUDA; on CPU :func:`mem_available` shared by the ``processes`` of this node; None
+    where it cannot be measured."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    if device.type != "cpu":
+        return None, f"not measured on {device.type}"
+    available = mem_available()
+    if available is None:
+        return None, "MemAvailable unknown"
+    return available // processes, f"MemAvailable / {processes} process(es) of this node"
 
 
 def memory_for_rank(guard: MemoryGuard, device: torch.device, processes: int) -> tuple[int | None, str]:

@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .core.compute import Compute, ComputeCost
-from .core.loss import LossOutput
-from .core.rollout import RolloutTree
+from ..core.compute import Compute, ComputeCost
+from ..core.loss import LossOutput
+from ..core.rollout import RolloutTree
 from .faults import Scored, Screened
 
 

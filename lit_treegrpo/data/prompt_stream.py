@@ -4,7 +4,7 @@ The training stream is infinite and has no state: there is a global sequence of 
 whose position ``j`` holds ``perm(seed, epoch=j // N)[j % N]``, a fresh seeded permutation of the
 ``N`` training prompts on every pass (so each pass shows every prompt once), and training batch
 ``k`` on data-parallel rank ``r`` of ``W`` takes positions ``[k·G + r·B, k·G + (r+1)·B)`` with
-``B`` prompts per rank and ``G = B·W`` (:func:`lit_treegrpo.data.resolve_batch_size` derives ``B``
+``B`` prompts per rank and ``G = B·W`` (:func:`lit_treegrpo.data.datamodule.resolve_batch_size` derives ``B``
 from ``--data.batch_size`` / ``--data.global_batch_size``). Batch ``k`` is therefore a pure
 function of ``(seed, k, rank, W, prompts)``: ranks see different prompts, runs repeat exactly, and
 a resumed run continues exactly by starting at the right ``k``

@@ -1,8 +1,7 @@
-"""The fault policy's state and decisions: :class:`FaultLedger`.
+"""The fault policy: its options (:class:`FaultPolicy`), its state and decisions (:class:`FaultLedger`).
 
 A training step meets four kinds of fault: NaN / inf rewards, a reward call that raises, a
-non-finite loss, a non-finite gradient. Under :class:`~lit_treegrpo.settings.FaultPolicy`
-``nonfinite="error"`` each stops the run with a message naming it. Under ``"skip"``:
+non-finite loss, a non-finite gradient. Under ``nonfinite="error"`` each stops the run with a message naming it. Under ``"skip"``:
 
 - a prompt with a non-finite leaf reward is left out of the step (:meth:`FaultLedger.screen`),
   the other prompts train as usual;
@@ -22,13 +21,35 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .errors import first_line
-from .settings import FaultPolicy
+from ..common.errors import first_line
+
+
+@dataclass(frozen=True)
+class FaultPolicy:
+    """What a training step does with NaN / inf rewards, a failing reward call, or a non-finite
+    loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
+
+    nonfinite: Literal["error", "skip"] = "error"
+    """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
+    and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
+    (the other prompts train as usual), skip the whole step when the reward call raises, skip the
+    optimizer step (gradients zeroed) when the loss or a gradient is not finite."""
+    max_consecutive_skips: int = 3
+    """With ``skip``: stop once this many training steps in a row made no update because of a
+    fault, naming the last cause."""
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in ("error", "skip"):
+            raise ValueError(f"faults.nonfinite must be 'error' or 'skip', got {self.nonfinite!r}")
+        if self.max_consecutive_skips < 1:
+            raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
+
 
 #: the ledger's counters, in the order they are logged and saved
 FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")

@@ -27,14 +27,16 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from .cli_errors import UserError
-from .core.loss import ClippedPolicyLoss
-from .core.pruning import PruningConfig
-from .core.spec import RolloutLimits, TreeSpec
-from .data import PromptDataModule
-from .resume import ADAPTER_MEMORY_OPTIONS, check_resumable, class_record, fingerprint_of, plain, reward_record
-from .rewards import REWARDS, check_reward_names
-from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings
+from .user_errors import UserError
+from ..core.loss import ClippedPolicyLoss
+from ..core.pruning import PruningConfig
+from ..core.spec import RolloutLimits, TreeSpec
+from ..data.datamodule import PromptDataModule
+from ..training.resume import ADAPTER_MEMORY_OPTIONS, check_resumable, class_record, fingerprint_of, plain, reward_record
+from ..rewards import REWARDS, check_reward_names
+from ..training.faults import FaultPolicy
+from ..training.memory_guard import MemoryGuard
+from ..training.settings import AdvantageSettings, check_settings
 
 
 def _plain(value: Any) -> Any:
@@ -399,7 +401,7 @@ def check_reward_arguments(names: list[str], kwargs: dict[str, dict[str, Any]]) 
 
 def adapter_config(model: Any) -> dict[str, Any] | None:
     """The adapter's ``init_args`` as configured, less the memory knobs a resume may change
-    (:data:`~lit_treegrpo.resume.ADAPTER_MEMORY_OPTIONS`): what a checkpoint records of them
+    (:data:`~lit_treegrpo.training.resume.ADAPTER_MEMORY_OPTIONS`): what a checkpoint records of them
     (``TreeGRPOModule.adapter_config``). None when the adapter is no ``class_path`` spec."""
     adapter = model.get("adapter")
     if not isinstance(adapter, Namespace) or "init_args" not in adapter:
@@ -409,7 +411,7 @@ def adapter_config(model: Any) -> dict[str, Any] | None:
 
 
 def configured_fingerprint(config: Any) -> dict[str, Any]:
-    """What the options alone say of a resume's fingerprint (:func:`lit_treegrpo.resume.fingerprint`:
+    """What the options alone say of a resume's fingerprint (:func:`lit_treegrpo.training.resume.fingerprint`:
     no trainable tensors, which need the model), built as the module builds its own."""
     model = config["model"]
     adapter = model.get("adapter")
@@ -437,7 +439,7 @@ def configured_fingerprint(config: Any) -> dict[str, Any]:
 
 def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str) -> None:
     """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads):
-    refuse an option it may not change (:func:`lit_treegrpo.resume.check_resumable`; ``ValueError``,
+    refuse an option it may not change (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``,
     one line). The module checks again when the checkpoint loads, with what only the model knows
     (the trainable tensors), and a checkpoint that records none of this is left to it."""
     saved = fingerprint_of(checkpoint)

@@ -22,9 +22,9 @@ import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .errors import explain_os_error, first_line
-from .faults import FaultLimitError
-from .rewards import NonFiniteRewardError
+from ..common.errors import explain_os_error, first_line
+from ..training.faults import FaultLimitError
+from ..rewards import NonFiniteRewardError
 
 
 class UserError(Exception):

@@ -9,26 +9,26 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   ``last.ckpt`` holds every fit's final state, and a moved or copied run folder resumes into its
   own ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.KeepLastCheckpoint`).
 - ``--ckpt_path last`` resumes from ``<root>/checkpoints/last.ckpt`` and says so, or fails with a
-  clear message when there is none. A resume follows the resume rules (:mod:`lit_treegrpo.resume`,
+  clear message when there is none. A resume follows the resume rules (:mod:`lit_treegrpo.training.resume`,
   docs/configs.md): an option that shaped the checkpoint's weights may not change (refused before
   the model loads), the others apply over the restored state, and the changes are said.
 - A user error (an unknown option, a value of the wrong type, a missing file, an impossible tree)
   prints one line naming the option and the fix, and exits with status 2; set
   ``LIT_TREEGRPO_DEBUG=1`` for the traceback. Everything that needs no weights is checked before
-  any model loads (:func:`lit_treegrpo.cli_checks.check_config`). A run stopped by a numerical
+  any model loads (:func:`lit_treegrpo.cli.checks.check_config`). A run stopped by a numerical
   fault (a NaN reward, loss or gradient; too many consecutive skips) also ends in one line, with
   status 1.
-- Checkpoints are written atomically (:class:`~lit_treegrpo.checkpoint.AtomicCheckpointIO`), and a
+- Checkpoints are written atomically (:class:`~lit_treegrpo.runs.checkpoint.AtomicCheckpointIO`), and a
   truncated or corrupt ``--ckpt_path`` is reported before any model loads.
 - ``--ckpt_path`` is read once, with torch's safe unpickler, before any model loads
-  (:func:`~lit_treegrpo.checkpoint.read_checkpoint`); what was read is handed to Lightning's restore,
+  (:func:`~lit_treegrpo.runs.checkpoint.read_checkpoint`); what was read is handed to Lightning's restore,
   the EMA choice and export, so a file swapped on disk afterwards is never read. Every other
   checkpoint load is ``weights_only=True`` too (``--weights_only false`` is refused).
 - SIGTERM or a first Ctrl-C stops a fit after the training step in flight and writes
   ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits
   with status 0. ``validate`` / ``test`` / ``predict`` never write a checkpoint: interrupted, they
   stop after the batch in flight and exit with status 143 (SIGTERM) or 1 (Ctrl-C).
-- A fit never destroys an earlier one (:mod:`lit_treegrpo.run_folder`): a folder that holds a run
+- A fit never destroys an earlier one (:mod:`lit_treegrpo.runs.run_folder`): a folder that holds a run
   is resumed (``--ckpt_path last``) or explicitly started over (``--overwrite true``), a second live
   fit in the same folder is refused, and each fit's config is saved beside, never over, the
   earlier ones; other commands save no config.
@@ -36,11 +36,11 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   parse or YAML error, a bad value, any ``OSError``: a missing or unreadable file, a full disk, a
   folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
   ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
-  status 2 (:mod:`lit_treegrpo.cli_errors`). Anything else is a bug and keeps its traceback.
+  status 2 (:mod:`lit_treegrpo.cli.user_errors`). Anything else is a bug and keeps its traceback.
 - ``export`` writes a checkpoint's trained weights in the family's diffusers format with a card
-  (:mod:`lit_treegrpo.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
+  (:mod:`lit_treegrpo.runs.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
   weights when its run had an EMA (``--raw_weights true``: the training weights).
-- Output and length (:mod:`lit_treegrpo.run_output`): progress lines instead of the bar when stdout
+- Output and length (:mod:`lit_treegrpo.cli.run_output`): progress lines instead of the bar when stdout
   is not a terminal, a quiet start-up, ``--max_iterations`` in training iterations.
 """
 
@@ -59,10 +59,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
-from .checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
-from .cli_checks import adapter_config, check_config, check_resume_options
-from .cli_errors import (
+from ..callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
+from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
+from .checks import adapter_config, check_config, check_resume_options
+from .user_errors import (
     RUN_FAULTS,
     USER_ERRORS,
     CommandInterrupted,
@@ -73,10 +73,11 @@ from .cli_errors import (
     exit_status,
     one_line,
 )
-from .data import PromptDataModule
-from .errors import explain_os_error
-from .export import ExportCommand, check_out, choose_weights, ema_state, export, logged_rewards, restore
-from .module import TreeGRPOModule
+from ..data.datamodule import PromptDataModule
+from ..common.errors import explain_os_error
+from ..runs.export import check_out, ema_state, export, logged_rewards, restore
+from .commands import ExportCommand, choose_weights
+from ..training.module import TreeGRPOModule
 from .run_output import (
     MAX_ITERATIONS_HELP,
     MAX_STEPS_HELP,
@@ -85,7 +86,7 @@ from .run_output import (
     output_callbacks,
     quiet_startup,
 )
-from .run_folder import (
+from ..runs.run_folder import (
     RunConfigRecord,
     RunFolderError,
     RunLock,
@@ -130,7 +131,7 @@ class TreeGRPOCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """Lightning's four, and ``export`` (:mod:`lit_treegrpo.export`)."""
+        """Lightning's four, and ``export`` (:mod:`lit_treegrpo.runs.export`)."""
         return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:

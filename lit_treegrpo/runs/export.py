@@ -98,7 +98,7 @@ def swapped_in(params: list[torch.nn.Parameter], values: list[Tensor]) -> Iterat
 
 # ------------------------------------------------------------------------ writing
 def _is_shapes(adapter: Any) -> bool:
-    from .models.shapes import ShapesAdapter
+    from ..models.shapes import ShapesAdapter
 
     return isinstance(adapter, ShapesAdapter)
 
@@ -158,7 +158,7 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
     """A Python snippet that loads the export."""
     if _is_shapes(adapter):
         if lora:
-            from .models.shapes import BUILTIN
+            from ..models.shapes import BUILTIN
 
             folder = "str(builtin_folder())" if base == BUILTIN else repr(base)
             return ("from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
@@ -214,7 +214,7 @@ def export(module: Any, out: str | Path, *, merged: bool = False, ema: Mapping[s
         return _write(module, out, staging, merged=merged, ema=ema, metrics=metrics, optimizer_steps=optimizer_steps,
                       adapter_config=adapter_config, checkpoint=checkpoint)  # fmt: skip
     except OSError as err:
-        from .errors import explain_os_error
+        from ..common.errors import explain_os_error
 
         raise ExportError(f"--out {out}: cannot write the export: {explain_os_error(err)}") from err
     finally:
@@ -272,48 +272,3 @@ def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]
             values = [e for e in events.Scalars(tag) if e.step <= iteration]
             found[key] = float(values[-1].value) if values else None
     return found
-
-
-class ExportCommand:
-    """Holds the signature of the ``export`` subcommand, from which the CLI builds its options."""
-
-    def export(self, model: Any, datamodule: Any = None, ckpt_path: str = "last", out: str | None = None,
-               merged: bool = False, ema: bool = False) -> None:  # fmt: skip
-        """Write a checkpoint's trained weights in the model family's diffusers format, with a card.
-
-        Args:
-            model: the run's model, from --config (the checkpoint holds the trainable weights only).
-            datamodule: unused.
-            ckpt_path: the checkpoint: ``last`` (``<default_root_dir>/checkpoints/last.ckpt``) or a file.
-            out: the folder to write: new, empty, or an earlier export (replaced).
-            merged: write the full denoiser with the LoRA merged in, instead of the LoRA alone.
-            ema: also write the run's EMA weights (``<out>/ema``); the run must have had an EMA callback.
-        """
-        raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
-
-
-def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: bool) -> None:
-    """validate / test / predict from a checkpoint (``checkpoint``: what the CLI read from
-    ``--ckpt_path``, once and safely; None: no checkpoint): evaluate its EMA weights when the run
-    had an EMA (adding the callback, with the run's options, if the configuration lacks it), as fit
-    validated; ``raw`` (``--raw_weights true``): the training weights."""
-    from lightning.pytorch.utilities import rank_zero_info
-
-    from .callbacks import EMA
-
-    emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)]
-    if raw:
-        for cb in emas:  # restored, but never swapped in
-            cb.apply_on = tuple(a for a in cb.apply_on if a != "validation")
-        return
-    if checkpoint is None:
-        return
-    state = ema_state(checkpoint)
-    if state is None:
-        return
-    if not emas:
-        trainer.callbacks.append(EMA(**state.get("options", {}), apply_on=("validation",)))
-    elif not any("validation" in cb.apply_on for cb in emas):
-        return
-    rank_zero_info(f"evaluating the checkpoint's EMA weights ({state['num_updates']} updates); --raw_weights true "
-                   "for its training weights")  # fmt: skip

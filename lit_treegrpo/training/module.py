@@ -4,16 +4,18 @@ and run clipped policy-gradient updates on the kept edges (manual optimization).
 Every method of the papers is a configuration of this one module (each a preset in configs/methods/): flat GRPO
 (DanceGRPO, Flow-GRPO) is a tree with ``num_trees = G`` chains, MixGRPO adds an SDE window,
 TreeGRPO branches inside a window, BranchGRPO splits at fixed steps with fusion advantages and
-pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue.
+pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue,
+with two parts of it in their own files: the policy update (:class:`~lit_treegrpo.training.update.PolicyUpdate`) and
+the checkpoint hooks (:class:`~lit_treegrpo.training.checkpoint_state.CheckpointState`).
 
 Randomness is a pure function of ``(seed, iteration, global prompt position)``: each prompt's
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
 data-parallel run samples what one process with the same global batch samples.
 
 Faults (NaN / inf rewards, a reward call that raises, a non-finite loss or gradient) stop the run
-or are skipped and counted, as :class:`~lit_treegrpo.faults.FaultLedger` decides for all ranks. Before
-the first batch, :class:`~lit_treegrpo.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory, and
-:class:`~lit_treegrpo.memory_guard.TrainingGuard` sets how many parents a training forward takes.
+or are skipped and counted, as :class:`~lit_treegrpo.training.faults.FaultLedger` decides for all ranks. Before
+the first batch, :class:`~lit_treegrpo.training.memory_guard.RolloutGuard` refuses a tree that cannot fit in memory, and
+:class:`~lit_treegrpo.training.memory_guard.TrainingGuard` sets how many parents a training forward takes.
 """
 
 from __future__ import annotations
@@ -21,48 +23,40 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from .core.advantages import tree_advantages
-from .core.compute import Compute, ComputeCost
-from .core.loss import ClippedPolicyLoss, LossOutput, edge_loss
-from .core.pruning import PruningConfig, PruningSchedule, prune
-from .core.rollout import RolloutTree, num_parents, root_noise, rollout, source_minibatches, split_by_parent
-from .core.seeding import generator
-from .core.spec import RolloutLimits, TreeSpec
-from .faults import FaultLedger, StepPlan, grads_finite
-from .memory_guard import RolloutGuard, TrainingGuard
-from .models.base import Cond, DiffusionAdapter
-from .models.flow import FlowMatchingAdapter
+from ..core.advantages import tree_advantages
+from ..core.compute import Compute, ComputeCost
+from ..core.loss import ClippedPolicyLoss
+from ..core.pruning import PruningConfig, PruningSchedule, prune
+from ..core.rollout import RolloutTree, root_noise, rollout
+from ..core.seeding import generator
+from ..core.spec import RolloutLimits, TreeSpec
+from .checkpoint_state import CheckpointState
+from .faults import FaultLedger, FaultPolicy, StepPlan
+from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
+from ..models.base import Cond, DiffusionAdapter
+from ..models.flow import FlowMatchingAdapter
 from .predictions import save_predictions
-from .prompt_stream import PromptBatch
+from ..data.prompt_stream import PromptBatch
 from .resume import (
-    ADAPTER_MEMORY_OPTIONS,
     ConfiguredOptimizer,
-    apply_optimizer_options,
-    changed_settings,
-    check_resumable,
-    class_record,
-    fingerprint,
-    init_options,
-    refusal,
     reward_record,
 )
-from .rewards import RewardModel, build_rewards
-from .settings import AdvantageSettings, FaultPolicy, MemoryGuard, check_settings, data_parallel_mesh
+from ..rewards import RewardModel, build_rewards
+from .settings import AdvantageSettings, check_settings
+from .sharding import data_parallel_mesh
+from .update import PolicyUpdate
 from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
 
 
-class TreeGRPOModule(LightningModule):
+class TreeGRPOModule(PolicyUpdate, CheckpointState, LightningModule):
     """Tree-structured GRPO on a diffusion adapter.
 
     Args:
@@ -185,7 +179,7 @@ class TreeGRPOModule(LightningModule):
 
     @property
     def fault_counts(self) -> dict[str, int]:
-        """The fault counters (:data:`lit_treegrpo.faults.FAULT_COUNTERS`), logged as ``faults/*``."""
+        """The fault counters (:data:`lit_treegrpo.training.faults.FAULT_COUNTERS`), logged as ``faults/*``."""
         return self.fault_ledger.counts
 
     # ------------------------------------------------------------------------ sharding
@@ -337,122 +331,6 @@ class TreeGRPOModule(LightningModule):
             return decision
         return self.trainer.strategy.reduce_boolean_decision(decision, all=False)
 
-    # ------------------------------------------------------------------------ update
-    def _update(self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int) -> Update:
-        """Clipped policy-gradient updates over the kept edges: ``inner_epochs`` passes, each
-        shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
-        them (a micro-batch too large for memory runs as several forwards: :attr:`training_guard`);
-        a step whose loss or gradient is not finite is refused through the fault ledger."""
-        optimizer = self.optimizers()
-        shuffle = generator(self.seed, self.iteration, first_position + 1)
-        totals: list[Any] = [0.0] * len(LossOutput._fields)
-        micro = steps = 0
-        forwards = Compute()
-        fault = None
-        bad_loss: str | None = None  # the first non-finite loss of this accumulation window
-        num_updates = self._updates_per_epoch(keep)
-        for _ in range(self.inner_epochs):
-            batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
-            chunks = self._forwards_per_micro_batch(tree, batches)
-            for i, edges in enumerate(batches):
-                last = (i + 1) % self.accumulate == 0
-                if chunks[i] > 1:
-                    loss, stats, n = self._split_backward(optimizer, tree, cond, advantages, edges, chunks[i], last)
-                else:
-                    with optimizer.toggle_model(sync_grad=last):
-                        loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
-                        self.manual_backward(loss / self.accumulate)
-                # backpropagated even when it is not finite: every rank must run the same
-                # backward passes; the optimizer step below is what the check refuses
-                if bad_loss is None and not bool(torch.isfinite(loss)):
-                    bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
-                forwards, micro = forwards + n, micro + 1
-                totals = [total + value for total, value in zip(totals, stats)]
-                if not last:
-                    continue
-                if self.grad_clip is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                problem = bad_loss
-                if problem is None and not grads_finite(self.adapter.trainable_parameters()):
-                    problem = f"non-finite gradient at iteration {self.iteration}"
-                bad_loss = None
-                if self._any_rank(problem is not None):
-                    optimizer.zero_grad(set_to_none=True)
-                    fault = self.fault_ledger.refuse_update(problem, self.iteration)
-                    continue
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                steps += 1
-        scheduler = self.lr_schedulers()
-        if scheduler is not None and steps:
-            scheduler.step()
-        return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
-
-    def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
-        """How many forwards each micro-batch runs as (the training guard's split: one each while
-        they fit), the most any data-parallel rank needs, so that every rank runs the same forwards
-        and backward passes (a sharded model gathers its weights in each)."""
-        if not self.training_guard.active:
-            return [1] * len(batches)
-        parents = [num_parents(tree, edges) for edges in batches]
-        chunks = self.training_guard.chunks(parents)
-        if self.trainer.world_size > 1:
-            most = self.trainer.strategy.reduce(torch.tensor(chunks, device=self.device), reduce_op="max")
-            chunks = [int(c) for c in most.tolist()]
-        if max(chunks, default=1) > 1:
-            self.training_guard.announce(max(parents))
-        return chunks
-
-    def _split_backward(self, optimizer: Any, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor,
-                        chunks: int, last: bool) -> tuple[Tensor, LossOutput, Compute]:  # fmt: skip
-        """One micro-batch as ``chunks`` forwards and backward passes of whole parents (gradients
-        accumulated, synchronised after the last one only when ``last``): the same gradient as one
-        pass up to float rounding, because the loss is a mean over parents (each parent's children
-        summed or averaged first: :class:`~lit_treegrpo.core.loss.ClippedPolicyLoss`), so a part of
-        ``U_j`` of the ``U`` parents weighs ``U_j / U``. Returns the micro-batch's loss (detached),
-        its statistics combined alike (per-edge means weighted by edges) and its forwards."""
-        parts = split_by_parent(tree, edges, chunks)
-        parents = [num_parents(tree, part) if part.numel() else 0 for part in parts]
-        total_parents, total_edges = max(sum(parents), 1), max(edges.numel(), 1)
-        by_parent = {"loss", "policy_loss", "kl"}  # the other statistics are means over edges
-        combined: list[Tensor | float] = [0.0] * len(LossOutput._fields)
-        forwards = Compute()
-        for j, part in enumerate(parts):
-            with optimizer.toggle_model(sync_grad=last and j == len(parts) - 1):
-                loss, stats, n = self._edge_loss(tree, cond, advantages, part)
-                share = parents[j] / total_parents
-                self.manual_backward(loss * share / self.accumulate)
-            weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
-            combined = [total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)]
-            forwards = forwards + n
-        stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
-        return stats.loss, stats, forwards
-
-    def _updates_per_epoch(self, keep: Tensor) -> int:
-        """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
-        ``edges_per_update`` kept edges (the same count on every rank)."""
-        if self.edges_per_update is None:
-            return self.minibatches
-        (kept,) = self._sum_over_ranks([int(keep.sum())])
-        per_rank = kept / max(self.trainer.world_size, 1)
-        return max(1, math.ceil(per_rank / self.edges_per_update))
-
-    def _edge_loss(
-        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
-    ) -> tuple[Tensor, LossOutput, Compute]:
-        """Loss of one micro-batch of edges, its detached statistics and its counted forwards (a
-        zero loss on the parameters if it is empty, so every data-parallel rank runs the same
-        backward passes)."""
-        if edges.numel() == 0:
-            zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
-            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), Compute()
-        kl = self.loss_fn.kl_beta > 0
-        # [B] |dt| of each edge's step, which only Flow-GRPO's KL form uses (a flow adapter: checked in __init__)
-        step_size = self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
-        out, forwards = edge_loss(self.loss_fn, self.adapter.predict, self.adapter.step, tree, edges, cond, advantages,
-                                  reference=self.adapter.reference if kl else None, step_size=step_size)  # fmt: skip
-        return out.loss, LossOutput(*(value.detach() for value in out)), forwards
-
     # ------------------------------------------------------------------------ memory
     def _guard_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
         """The memory guard at the first training step, unless it ran before the data."""
@@ -514,35 +392,7 @@ class TreeGRPOModule(LightningModule):
         folder = Path(self.trainer.default_root_dir) / "predictions"
         return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
-    # ------------------------------------------------------------------------ checkpoints
-    def setup(self, stage: str) -> None:
-        self._resumed = None  # set again by on_load_checkpoint when this fit resumes
-
-    def on_train_start(self) -> None:
-        """A resumed fit: Lightning has restored the checkpoint's optimizer and scheduler state by
-        now; this run's options replace what the restore brought back, said in one line."""
-        resumed, self._resumed = self._resumed, None
-        if resumed is None or self._configured is None:
-            return
-        saved_optimizer, mine = resumed["fingerprint"].get("optimizer"), self._optimizer_name()
-        if saved_optimizer is not None and saved_optimizer != mine:
-            raise refusal("--model.optimizer", resumed["where"], saved_optimizer, mine)
-        configs = self.trainer.lr_scheduler_configs
-        changes = apply_optimizer_options(self.trainer.optimizers[0], configs[0].scheduler if configs else None,
-                                          self._configured, resumed["settings"].get("lr_scheduler"),
-                                          resumed["schedulers"] > 0)  # fmt: skip
-        changes += changed_settings(resumed["settings"], self._settings())
-        if changes:
-            rank_zero_info(f"resumed with {', '.join(changes)}")
-
-    def _keep_foreign_scheduler_state_out(self) -> None:
-        """Once both this run's scheduler and the checkpoint's are known (configure_optimizers
-        comes after on_load_checkpoint, or before it under a sharded strategy), and before
-        Lightning restores the scheduler: another class's state is not loaded into this one."""
-        if self._resumed is not None and self._configured is not None:
-            self._configured.replace_foreign_state(self._resumed["settings"].get("lr_scheduler"),
-                                                   self._resumed["scheduler_states"])  # fmt: skip
-
+    # ------------------------------------------------------------------------ fit start
     def on_fit_start(self) -> None:
         self._sync_data_stream()
         spec = self.tree.at(self.iteration, self.seed)
@@ -561,86 +411,3 @@ class TreeGRPOModule(LightningModule):
         datamodule = self._datamodule()
         if datamodule is not None and hasattr(datamodule, "start_index"):
             datamodule.start_index = self.iteration
-
-    def _trainable_names(self) -> list[str]:
-        return [n for n, p in self.named_parameters() if p.requires_grad]
-
-    def _fingerprint(self) -> dict[str, Any]:
-        """What a resumed fit must share with the run that wrote the checkpoint (resume.FIELDS)."""
-        shapes = {n: tuple(p.shape) for n, p in self.named_parameters() if p.requires_grad}
-        reward, reward_kwargs = self._reward_record
-        recorded: dict[str, Any] = {
-            "lora": self.adapter.lora,
-            "adapter_options": init_options(self.adapter, skip=ADAPTER_MEMORY_OPTIONS),
-            "reward": reward,
-            "reward_kwargs": reward_kwargs,
-            "advantage": self.advantage,
-            "loss": class_record(self.loss_fn),
-            "seed": self.seed,
-        }
-        if self.adapter_config is not None:
-            recorded["adapter_config"] = self.adapter_config
-        if self._optimizer_name() is not None:
-            recorded["optimizer"] = self._optimizer_name()
-        return fingerprint(type(self.adapter).__name__, self.adapter.num_steps, self.tree, shapes, **recorded)
-
-    def _optimizer_name(self) -> str | None:
-        optimizers = self._trainer.optimizers if self._trainer is not None else []
-        return type(optimizers[0]).__name__ if optimizers else None
-
-    def _settings(self) -> dict[str, Any]:
-        """The options a resume may change (resume.SETTINGS_OPTIONS), recorded so that it says
-        which it changed."""
-        datamodule = self._datamodule()
-        settings: dict[str, Any] = {
-            "minibatches": self.minibatches,
-            "edges_per_update": self.edges_per_update,
-            "accumulate": self.accumulate,
-            "inner_epochs": self.inner_epochs,
-            "grad_clip": self.grad_clip,
-            "val_seed": self.val_seed,
-            "val_samples": self.val_samples,
-            "rollout": asdict(self.rollout_limits),
-            "pruning": asdict(self.pruning),
-            "faults": asdict(self.faults),
-            "memory_guard": asdict(self.memory_guard),
-            "compute_cost": asdict(self.compute_cost),
-            "lr_scheduler": self._configured.scheduler if self._configured is not None else None,
-        }
-        if datamodule is not None and hasattr(datamodule, "per_rank_batch_size") and self._trainer is not None:
-            settings["global_batch_size"] = datamodule.per_rank_batch_size() * self.trainer.world_size
-        return settings
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = set(self._trainable_names())
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        checkpoint["lit_treegrpo"] = {
-            "iteration": self.iteration,
-            "fingerprint": self._fingerprint(),
-            "faults": self.fault_ledger.state_dict(),
-            "compute": self.compute_spent.as_dict(),
-            "settings": self._settings(),
-        }
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("lit_treegrpo")
-        if saved is None:
-            raise ValueError("this checkpoint was not written by TreeGRPOModule (no 'lit_treegrpo' entry)")
-        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
-        path = self._trainer.ckpt_path if self._trainer is not None else None
-        where = f"the checkpoint {path}" if path else "the checkpoint"
-        # what shaped the weights is compared for a resumed fit only: validate / test / predict /
-        # export may evaluate them with another reward. (A sharded strategy loads the weights
-        # itself and hands over no "state_dict".)
-        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"), fitting=fitting,
-                        where=where)  # fmt: skip
-        if fitting:
-            self._resumed = {"where": where, "fingerprint": saved["fingerprint"], "settings": saved.get("settings") or {},
-                             "schedulers": len(checkpoint.get("lr_schedulers") or []),
-                             "scheduler_states": checkpoint.get("lr_schedulers")}  # fmt: skip
-            self._keep_foreign_scheduler_state_out()
-        self.iteration = int(saved["iteration"])
-        self.fault_ledger.load_state_dict(saved.get("faults", {}))
-        # a checkpoint from before compute was counted starts the count at its iteration from 0
-        self.compute_spent = Compute(**saved.get("compute", {}))
-        self._sync_data_stream()  # sharded strategies restore after on_fit_start

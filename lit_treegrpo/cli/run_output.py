@@ -1,4 +1,4 @@
-"""What a run prints and how long it runs, as the CLI sets them up (:mod:`lit_treegrpo.cli`).
+"""What a run prints and how long it runs, as the CLI sets them up (:mod:`lit_treegrpo.cli.app`).
 
 - Progress: on a terminal, Lightning's bar; otherwise (stdout to a file or a pipe) plain lines from
   :class:`~lit_treegrpo.callbacks.ProgressLines`, since a bar written to a file shows nothing for
@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.rich_model_summary import RichModelSummary
 from lightning.pytorch.utilities import rank_zero_info
 
-from .callbacks import CompactModelSummary, IterationLimit, ProgressLines
+from ..callbacks import CompactModelSummary, IterationLimit, ProgressLines
 
 MAX_ITERATIONS_HELP = (
     "Stop a fit after this many training iterations (one iteration = one rollout of the tree for a "

@@ -39,7 +39,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
-from .errors import explain_os_error, first_line
+from ..common.errors import explain_os_error, first_line
 
 _TMP_SUFFIX = ".tmp"
 #: what every Lightning checkpoint holds, whatever wrote it

@@ -4,7 +4,7 @@
 - ``.jsonl``: one JSON object per line with a ``prompt`` string; its other fields become the
   prompt's ``metadata`` dict.
 - ``.csv``: a header row with a ``prompt`` column; the other columns become ``metadata``.
-- a built-in set shipped in ``lit_treegrpo/prompts/`` (:func:`available_prompt_sets`):
+- a built-in set shipped in ``lit_treegrpo/data/prompts/`` (:func:`available_prompt_sets`):
   ``hpdv2_style`` (300 prompts in the HPDv2 style: photo, anime, concept art, painting),
   ``animals`` (100 simple animal prompts), ``shapes`` (the 24 "a {colour} {shape}" prompts of the
   Shapes world) and ``shapes_world`` (its whole grammar, 360 prompts with size and position words:
@@ -29,14 +29,14 @@ from typing import Any, NamedTuple
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from .errors import explain_os_error
+from ..common.errors import explain_os_error
 
 SUFFIXES = {
     ".txt": "one prompt per line",
     ".jsonl": "one JSON object with a 'prompt' field per line",
     ".csv": "a header row with a 'prompt' column",
 }
-_BUILTIN_PACKAGE = "lit_treegrpo"
+_BUILTIN_PACKAGE = "lit_treegrpo.data"
 _BUILTIN_FOLDER = "prompts"
 
 

@@ -1,0 +1,55 @@
+"""What the commands beyond Lightning's ``fit`` add: ``export``'s options (:class:`ExportCommand`,
+whose signature the CLI builds them from; :mod:`lit_treegrpo.runs.export` writes the files), and
+which weights ``validate`` / ``test`` / ``predict`` evaluate (:func:`choose_weights`: a checkpoint's
+EMA weights when its run had an EMA, as fit validated)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from ..callbacks import EMA
+from ..runs.export import ema_state
+
+
+class ExportCommand:
+    """Holds the signature of the ``export`` subcommand, from which the CLI builds its options."""
+
+    def export(self, model: Any, datamodule: Any = None, ckpt_path: str = "last", out: str | None = None,
+               merged: bool = False, ema: bool = False) -> None:  # fmt: skip
+        """Write a checkpoint's trained weights in the model family's diffusers format, with a card.
+
+        Args:
+            model: the run's model, from --config (the checkpoint holds the trainable weights only).
+            datamodule: unused.
+            ckpt_path: the checkpoint: ``last`` (``<default_root_dir>/checkpoints/last.ckpt``) or a file.
+            out: the folder to write: new, empty, or an earlier export (replaced).
+            merged: write the full denoiser with the LoRA merged in, instead of the LoRA alone.
+            ema: also write the run's EMA weights (``<out>/ema``); the run must have had an EMA callback.
+        """
+        raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
+
+
+def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: bool) -> None:
+    """validate / test / predict from a checkpoint (``checkpoint``: what the CLI read from
+    ``--ckpt_path``, once and safely; None: no checkpoint): evaluate its EMA weights when the run
+    had an EMA (adding the callback, with the run's options, if the configuration lacks it), as fit
+    validated; ``raw`` (``--raw_weights true``): the training weights."""
+    emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)]
+    if raw:
+        for cb in emas:  # restored, but never swapped in
+            cb.apply_on = tuple(a for a in cb.apply_on if a != "validation")
+        return
+    if checkpoint is None:
+        return
+    state = ema_state(checkpoint)
+    if state is None:
+        return
+    if not emas:
+        trainer.callbacks.append(EMA(**state.get("options", {}), apply_on=("validation",)))
+    elif not any("validation" in cb.apply_on for cb in emas):
+        return
+    rank_zero_info(f"evaluating the checkpoint's EMA weights ({state['num_updates']} updates); --raw_weights true "
+                   "for its training weights")  # fmt: skip
