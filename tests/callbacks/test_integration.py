@@ -52,7 +52,7 @@ def run(tmp_path_factory) -> dict[str, Any]:
     callbacks = dict(
         pruning=PruningSchedule(width="extreme", width_fraction=0.5, depth_window=1, depth_every=1, depth_stop=2),
         ema=EMA(decay=0.5),
-        # the bare grid (captions: tests/test_after_training.py), so that its layout is checked pixel by pixel
+        # the bare grid (captions: tests/scenarios/test_after_training.py), so that its layout is checked pixel by pixel
         grid=SampleGridLogger(prompts=TRAIN_PROMPTS[:3], seeds=[0, 1], every_n_steps=2, captions=False),
         metrics=RewardMetrics(),
     )

@@ -1,5 +1,5 @@
 """Writes ``tiny_sd3_step2.ckpt``: two training steps of the tiny SD3 model, as the code of the
-checkout this script runs in saves them. ``test_module.py::test_a_checkpoint_written_before_the_module_split_resumes``
+checkout this script runs in saves them. ``tests/training/test_module.py::test_a_checkpoint_written_before_the_module_split_resumes``
 resumes it; the committed file was written by the code before TreeGRPOModule's settings, fault
 ledger and helpers moved out of module.py (commit bd85ae5), so that test pins the checkpoint format.
 

@@ -14,9 +14,9 @@ import torch
 
 from lit_treegrpo.runs import run_folder
 from lit_treegrpo.runs.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
-from tests.test_cli import QUIET, TINY, _main_error, no_model, snapshot  # noqa: F401  (no_model: a fixture)
+from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _old_run(root: Path) -> dict[str, bytes]:
@@ -375,7 +375,7 @@ def test_a_moved_or_copied_run_folder_resumes_into_its_own_last_ckpt(stopped_off
 @pytest.mark.slow  # two real DDP processes, twice: over a minute on 2 cores
 def test_ddp_saves_the_last_steps_and_resumes_a_moved_folder_into_its_own_last_ckpt(tmp_path: Path) -> None:
     # the end-of-fit save is a collective (every rank runs it) and so is the resumed run's
-    from tests.test_cli import fit
+    from tests.cli.test_cli import fit
 
     ddp = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--data.batch_size", "1", *OFF_SCHEDULE)
     fit(tmp_path / "A", "--trainer.max_steps", "5", *ddp)

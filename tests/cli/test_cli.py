@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
@@ -184,18 +184,6 @@ def _main_error(monkeypatch, capsys, *args: str, code: int = 2) -> str:
     return errors[0]
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Building a tiny model fails the test: the error must come before any weights load."""
-    from lit_treegrpo.models import tiny
-
-    def never(*args, **kwargs):
-        raise AssertionError("a model was built before the configuration was checked")
-
-    monkeypatch.setattr(tiny, "tiny_sd3_pipeline", never)
-    monkeypatch.setattr(tiny, "tiny_sd15_pipeline", never)
-
-
 BAD_YAML = """model:
   tree:
     branchin: 3
@@ -335,7 +323,7 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
     assert kind == "unpickling refused"
     torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
     return ["--ckpt_path", str(path)], (
-        f"--ckpt_path: {path} holds objects that the safe unpickler refuses (the global tests.test_cli.Opaque); it was "
+        f"--ckpt_path: {path} holds objects that the safe unpickler refuses (the global tests.cli.test_cli.Opaque); it was "
         "not written by this project's fit and may be hostile, so it is not loaded")
 
 
@@ -445,7 +433,7 @@ def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Pa
     [
         (["--model.reward", '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0]}}'],
          "error: reward 'flaky' gave non-finite scores for 4 of 8 images (indices [0, 1, 2, 3], prompts ['a "),
-        (["--model.loss", "tests.test_module._NaNLossAt", "--model.loss.at", "[0]"],
+        (["--model.loss", "tests.training.test_module._NaNLossAt", "--model.loss.at", "[0]"],
          "error: non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken (set --model.faults.nonfinite skip"),
     ],
 )

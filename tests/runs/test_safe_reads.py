@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, guard_strategy_load, read_checkpoint
-from tests.test_cli import QUIET, TINY, _main_error, no_model  # noqa: F401 (a fixture)
+from tests.cli.test_cli import QUIET, TINY, _main_error
 
 EMA = """\
 trainer:
@@ -138,7 +138,7 @@ def test_fsdp_strategys_own_unpickler_is_bypassed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["fit", "validate", "predict", "export"])
-def test_a_hostile_ckpt_path_is_refused_in_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model,  # noqa: F811
+def test_a_hostile_ckpt_path_is_refused_in_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model,
                                                                            command: str) -> None:  # fmt: skip
     marker = tmp_path / "marker"
     path = hostile_checkpoint(tmp_path / "hostile.ckpt", marker)
@@ -150,7 +150,7 @@ def test_a_hostile_ckpt_path_is_refused_in_one_line_before_any_model_loads(tmp_p
     assert not marker.exists()
 
 
-def test_weights_only_false_is_refused(tmp_path: Path, capsys, monkeypatch, no_model) -> None:  # noqa: F811
+def test_weights_only_false_is_refused(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
     line = _main_error(monkeypatch, capsys, "validate", "--config", str(TINY), *QUIET, "--weights_only", "false",
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith("error: --weights_only false: checkpoints are loaded with torch's safe unpickler only"), line

@@ -1,7 +1,7 @@
 """The memory guard's decision on its own (no Trainer): the estimate against a fraction of the
 available memory, a refusal on another rank, memory that cannot be measured, and the check once
 per fit; for the training pass also the probe on a real tiny model and the split it decides. Its
-use in a real fit is tested in test_module.py and test_cli.py."""
+use in a real fit is tested in test_module.py and tests/cli/test_cli.py."""
 
 from __future__ import annotations
 

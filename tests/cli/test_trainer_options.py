@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lit_treegrpo.cli.user_errors import UserError
-from tests.test_cli import QUIET, TINY, _main_error, no_model  # noqa: F401 (a fixture)
+from tests.cli.test_cli import QUIET, TINY, _main_error
 
 #: every value each numeric option is fed: zero, negative, NaN (as text and as YAML's .nan), no number
 BAD = ("0", "-1", "nan", ".nan", "abc")
@@ -230,7 +230,7 @@ def test_a_reward_loader_argument_that_is_needed_and_missing_is_refused(parser, 
     ],
 )
 def test_through_the_command_line_the_refusal_is_one_line_and_status_2_before_any_model_loads(
-    tmp_path: Path, capsys, monkeypatch, no_model, args, message  # noqa: F811 (the fixture)
+    tmp_path: Path, capsys, monkeypatch, no_model, args, message
 ) -> None:
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
     assert line.startswith(message), line

@@ -20,7 +20,7 @@ from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRETRAIN = CONFIGS / "shapes_pretrain.yaml"  # the Shapes model's own pre-training CLI
 METHODS = sorted((CONFIGS / "methods").glob("*.yaml"))  # presets, composed with a model and task config
 RUN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "methods" and p != PRETRAIN)

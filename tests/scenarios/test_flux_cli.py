@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.test_cli import QUIET, REPO, fit, scalars, trainable
+from tests.cli.test_cli import QUIET, REPO, fit, scalars, trainable
 
 TINY_FLUX = REPO / "configs" / "tiny_flux.yaml"
 
@@ -96,7 +96,7 @@ def test_model_parallel_with_tensor_parallel_ranks_is_refused() -> None:
 @pytest.mark.slow  # 2 processes x 3 runs
 @pytest.mark.parametrize("lora", ["lora", "full"])
 def test_tiny_flux_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path, lora: str) -> None:
-    probe = '{"class_path": "tests.test_flux_cli.SaveFullRankParameters", "init_args": {"folder": "%s"}}'
+    probe = '{"class_path": "tests.scenarios.test_flux_cli.SaveFullRankParameters", "init_args": {"folder": "%s"}}'
     common = ["--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--trainer.devices", "2", "--trainer.strategy", FSDP2]
     if lora == "full":  # BranchGRPO's FLUX setting fine-tunes the whole transformer
         common += ["--model.adapter.init_args.lora", "null", "--model.optimizer.lr", "1e-3"]

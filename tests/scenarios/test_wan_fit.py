@@ -10,9 +10,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from .test_cli import QUIET, fit, scalars, trainable
+from tests.cli.test_cli import QUIET, fit, scalars, trainable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_WAN = REPO / "configs" / "tiny_wan.yaml"
 
 
@@ -94,7 +94,7 @@ def test_the_module_refuses_an_image_reward_for_a_video_policy_and_back() -> Non
 
 @pytest.mark.slow  # three runs of two real processes each on 2 cores: minutes
 def test_tiny_wan_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path) -> None:
-    from .test_cli import FSDP2
+    from tests.cli.test_cli import FSDP2
 
     common = ("--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--trainer.devices", "2",
               "--trainer.strategy", FSDP2)  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 
 from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _state(step: int, size: int = 1000) -> dict:

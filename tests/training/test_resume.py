@@ -20,7 +20,7 @@ from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
 from lit_treegrpo.rewards import Brightness
 from tests.probes import FlakyReward
-from tests.test_cli import QUIET, TINY, _main_error, snapshot
+from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
 
 NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_dir)"
 BASE = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
