@@ -75,8 +75,8 @@ from .user_errors import (
 )
 from ..data.datamodule import PromptDataModule
 from ..common.errors import explain_os_error
-from ..runs.export import check_out, ema_state, export, logged_rewards, restore
-from .commands import ExportCommand, choose_weights
+from ..runs.export import check_out
+from .commands import ExportCommand, choose_weights, export_checkpoint
 from ..training.module import TreeGRPOModule
 from .run_output import (
     MAX_ITERATIONS_HELP,
@@ -348,22 +348,12 @@ class TreeGRPOCLI(LightningCLI):
 
     def _export(self) -> None:
         """``export``: the checkpoint's weights into the configured model, then written out."""
-        options = self.config_init["export"]
         # export's --ckpt_path defaults to last, read (once, safely) before the model loaded
         assert self._ckpt_path is not None and self._checkpoint is not None
         checkpoint, self._checkpoint = self._checkpoint, None
-        restore(self.model, checkpoint)
-        ema = ema_state(checkpoint) if options["ema"] else None
-        if options["ema"] and ema is None:
-            raise UserError(f"--ema true: {self._ckpt_path} holds no EMA weights (the run had no EMA callback, or it had "
-                            "not updated yet); drop --ema")  # fmt: skip
         root = Path(self.config["export"]["trainer"].get("default_root_dir") or DEFAULT_ROOT)
-        adapter = self.config["export"]["model"].get("adapter")
-        out = export(self.model, options["out"], merged=options["merged"], ema=ema,
-                     metrics=logged_rewards(root / "tensorboard", self.model.iteration),
-                     optimizer_steps=int(checkpoint.get("global_step", 0)), checkpoint=self._ckpt_path,
-                     adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None)  # fmt: skip
-        rank_zero_info(f"exported {self._ckpt_path} (iteration {self.model.iteration}) to {out}")
+        export_checkpoint(self.model, checkpoint, self._ckpt_path, self.config_init["export"], root,
+                          adapter=self.config["export"]["model"].get("adapter"))  # fmt: skip
 
     def before_fit(self) -> None:
         # --overwrite true deletes the earlier run only now that this one's model and trainer are

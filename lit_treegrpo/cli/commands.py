@@ -1,17 +1,20 @@
 """What the commands beyond Lightning's ``fit`` add: ``export``'s options (:class:`ExportCommand`,
-whose signature the CLI builds them from; :mod:`lit_treegrpo.runs.export` writes the files), and
-which weights ``validate`` / ``test`` / ``predict`` evaluate (:func:`choose_weights`: a checkpoint's
-EMA weights when its run had an EMA, as fit validated)."""
+whose signature the CLI builds them from) and the command itself (:func:`export_checkpoint`;
+:mod:`lit_treegrpo.runs.export` writes the files), and which weights ``validate`` / ``test`` /
+``predict`` evaluate (:func:`choose_weights`: a checkpoint's EMA weights when its run had an EMA, as
+fit validated)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks import EMA
-from ..runs.export import ema_state
+from ..runs.export import ema_state, export, logged_rewards, restore
+from .user_errors import UserError
 
 
 class ExportCommand:
@@ -30,6 +33,23 @@ class ExportCommand:
             ema: also write the run's EMA weights (``<out>/ema``); the run must have had an EMA callback.
         """
         raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
+
+
+def export_checkpoint(model: Any, checkpoint: Mapping[str, Any], ckpt_path: str, options: Mapping[str, Any],
+                      root: Path, *, adapter: Any = None) -> None:  # fmt: skip
+    """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``,
+    then written out with ``options`` (``out``, ``merged``, ``ema``); the card's rewards come from
+    the run's TensorBoard events under ``root``, its base model from the ``adapter`` config."""
+    restore(model, checkpoint)
+    ema = ema_state(checkpoint) if options["ema"] else None
+    if options["ema"] and ema is None:
+        raise UserError(f"--ema true: {ckpt_path} holds no EMA weights (the run had no EMA callback, or it had "
+                        "not updated yet); drop --ema")  # fmt: skip
+    out = export(model, options["out"], merged=options["merged"], ema=ema,
+                 metrics=logged_rewards(root / "tensorboard", model.iteration),
+                 optimizer_steps=int(checkpoint.get("global_step", 0)), checkpoint=ckpt_path,
+                 adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None)  # fmt: skip
+    rank_zero_info(f"exported {ckpt_path} (iteration {model.iteration}) to {out}")
 
 
 def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: bool) -> None:

@@ -5,8 +5,11 @@ Every method of the papers is a configuration of this one module (each a preset 
 (DanceGRPO, Flow-GRPO) is a tree with ``num_trees = G`` chains, MixGRPO adds an SDE window,
 TreeGRPO branches inside a window, BranchGRPO splits at fixed steps with fusion advantages and
 pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue,
-with two parts of it in their own files: the policy update (:class:`~lit_treegrpo.training.update.PolicyUpdate`) and
-the checkpoint hooks (:class:`~lit_treegrpo.training.checkpoint_state.CheckpointState`).
+with parts of it in their own files: the policy update
+(:class:`~lit_treegrpo.training.update.PolicyUpdate`), the checkpoint hooks
+(:class:`~lit_treegrpo.training.checkpoint_state.CheckpointState`) and the deterministic sampling of
+validation / test / predict (:class:`~lit_treegrpo.training.evaluation.Evaluation`); FSDP2
+sharding is :class:`~lit_treegrpo.training.sharding.Sharding`'s.
 
 Randomness is a pure function of ``(seed, iteration, global prompt position)``: each prompt's
 root noise and SDE noise come from its own generator, so a resumed run continues exactly and a
@@ -22,8 +25,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import zlib
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,11 +40,11 @@ from ..core.rollout import RolloutTree, root_noise, rollout
 from ..core.seeding import generator
 from ..core.spec import RolloutLimits, TreeSpec
 from .checkpoint_state import CheckpointState
+from .evaluation import Evaluation
 from .faults import FaultLedger, FaultPolicy, StepPlan
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
 from ..models.base import Cond, DiffusionAdapter
 from ..models.flow import FlowMatchingAdapter
-from .predictions import save_predictions
 from ..data.prompt_stream import PromptBatch
 from .resume import (
     ConfiguredOptimizer,
@@ -51,12 +52,12 @@ from .resume import (
 )
 from ..rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, check_settings
-from .sharding import data_parallel_mesh
+from .sharding import Sharding
 from .update import PolicyUpdate
-from .step_log import NO_UPDATE, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
+from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 
 
-class TreeGRPOModule(PolicyUpdate, CheckpointState, LightningModule):
+class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
     """Tree-structured GRPO on a diffusion adapter.
 
     Args:
@@ -181,23 +182,6 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, LightningModule):
     def fault_counts(self) -> dict[str, int]:
         """The fault counters (:data:`lit_treegrpo.training.faults.FAULT_COUNTERS`), logged as ``faults/*``."""
         return self.fault_ledger.counts
-
-    # ------------------------------------------------------------------------ sharding
-    def configure_model(self) -> None:
-        """FSDP2 under ``ModelParallelStrategy``: the adapter shards its denoiser over the
-        data-parallel mesh (:meth:`DiffusionAdapter.shard`; each rank keeps whole prompt trees).
-        Other strategies need nothing here."""
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
-            return
-        if self.trainer.strategy._save_distributed_checkpoint:
-            raise ValueError(
-                "ModelParallelStrategy(save_distributed_checkpoint=True) writes a sharded checkpoint of "
-                "every weight, which this module's trainable-only checkpoints cannot resume from; set "
-                "trainer.strategy.init_args.save_distributed_checkpoint: false"
-            )
-        self.adapter.shard(data_parallel_mesh(self.device_mesh, self.trainer.world_size))
 
     # ------------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
@@ -357,40 +341,6 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, LightningModule):
     def _node_processes(self) -> int:
         """The processes of this node, which share its memory."""
         return max(self.trainer.num_devices, 1)
-
-    # ------------------------------------------------------------------------ sampling
-    @torch.no_grad()
-    def sample(self, prompts: list[str], seed: int) -> Tensor:
-        """Deterministic (ODE) samples [P, 3, H, W] in [0, 1], one per prompt. Each prompt's noise
-        depends on ``seed`` and the prompt's text only, so an image does not change with the batch
-        it is in or the number of processes."""
-        device = self.adapter.device
-        gens = [generator(seed, zlib.crc32(p.encode()), device=device) for p in prompts]
-        cond = self.adapter.encode_prompts(prompts)
-        noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
-        tree = rollout(self.adapter.predict, self.adapter.step, TreeSpec(self.adapter.num_steps), cond, noise,
-                       max_batch=self.rollout_limits.max_batch)
-        return self.adapter.decode(tree.leaf_latents)
-
-    def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:
-        seeds = range(self.val_seed, self.val_seed + self.val_samples)
-        images = torch.cat([self.sample(batch.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
-        prompts = list(batch.prompts) * self.val_samples
-        rewards, components = self._score(images, prompts)
-        self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
-        self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
-        return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
-
-    def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, "val")
-
-    def test_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, "test")
-
-    def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:
-        """Write one PNG per prompt under ``<default_root_dir>/predictions``; returns the paths."""
-        folder = Path(self.trainer.default_root_dir) / "predictions"
-        return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
 
     # ------------------------------------------------------------------------ fit start
     def on_fit_start(self) -> None:

@@ -395,7 +395,7 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
 def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.training.memory_guard import probe_training
+    from lit_treegrpo.training.memory_probe import probe_training
     from lit_treegrpo.models.tiny import TinySD3Adapter
 
     # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent
