@@ -224,7 +224,7 @@ class FaultLedger:
 
     # ------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, int]:
-        """The counters, as the checkpoint's ``lit_treegrpo.faults`` entry holds them."""
+        """The counters, as a checkpoint holds them (``checkpoint["lit_treegrpo"]["faults"]``)."""
         return dict(self.counts)
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -146,7 +146,7 @@ def test_state_dict_round_trip_and_checkpoints_without_counters() -> None:
     book = ledger()
     book.counts.update(skipped_groups=4, skipped_steps=2, zero_std_groups=1)
     state = book.state_dict()
-    assert list(state) == list(FAULT_COUNTERS)  # the checkpoint's lit_treegrpo.faults entry
+    assert list(state) == list(FAULT_COUNTERS)  # checkpoint["lit_treegrpo"]["faults"]
     assert state == {"skipped_groups": 4, "skipped_steps": 2, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 1}
     state["skipped_groups"] = 99
     assert book.counts["skipped_groups"] == 4  # a copy, not the live counters
