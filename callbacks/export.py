@@ -50,6 +50,12 @@ class ExportOnTrainEnd(Callback):
             "reward": float(metrics["reward"]) if "reward" in metrics else None,
             "held_out_reward": float(metrics["val/reward"]) if "val/reward" in metrics else None,
         }
-        self.written = export(pl_module, self._folder(trainer), merged=self.merged, ema=state, metrics=rewards,
-                              optimizer_steps=trainer.global_step)  # fmt: skip
+        self.written = export(
+            pl_module,
+            self._folder(trainer),
+            merged=self.merged,
+            ema=state,
+            metrics=rewards,
+            optimizer_steps=trainer.global_step,
+        )
         rank_zero_info(f"exported the trained weights to {self.written}")

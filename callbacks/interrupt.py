@@ -73,7 +73,9 @@ class CheckpointOnInterrupt(pl.Callback):
         trainer.save_checkpoint(path)
         self.saved_to = path
         step = getattr(pl_module, "iteration", trainer.global_step)
-        rank_zero_info(f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last")
+        rank_zero_info(
+            f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last"
+        )
 
     @override
     def on_validation_batch_start(

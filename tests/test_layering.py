@@ -20,9 +20,7 @@ def test_core_imports_neither_lightning_nor_diffusers() -> None:
         "print(','.join(heavy))\n"
     )
     # run from a neutral folder so the installed package, not the checkout, is what gets imported
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True)
     assert result.stdout.strip() == "", f"core pulled in: {result.stdout.strip()}"
 
 
@@ -30,16 +28,22 @@ def test_core_sources_do_not_mention_the_frameworks() -> None:
     # catches lazy imports inside functions, which the sys.modules check cannot see
     for path in (REPO / "lit_treegrpo" / "core").glob("*.py"):
         text = path.read_text()
-        for banned in ("import lightning", "from lightning", "import diffusers", "from diffusers", "import transformers",
-                       "from transformers", "import peft", "from peft"):  # fmt: skip
+        for banned in (
+            "import lightning",
+            "from lightning",
+            "import diffusers",
+            "from diffusers",
+            "import transformers",
+            "from transformers",
+            "import peft",
+            "from peft",
+        ):
             assert banned not in text, f"{path.name}: {banned}"
 
 
 def test_callbacks_install_as_a_subpackage() -> None:
     code = "import lit_treegrpo.callbacks as c; print(c.__file__)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO.parent, check=True)
     assert Path(result.stdout.strip()).parent.name == "callbacks"
 
 
@@ -86,7 +90,9 @@ def test_the_shapes_world_imports_run_one_way() -> None:
         assert not any("pretrain" in name for name in layer)
     assert {"lit_treegrpo.models.shapes", "lit_treegrpo.rewards.shapes"} <= pretrain
     assert not _lit_imports(REPO / "lit_treegrpo" / "shapes" / "__init__.py")
-    code = "import sys, lit_treegrpo.shapes.world\nprint(sorted(m for m in sys.modules if m.startswith('lit_treegrpo.')))"
+    code = (
+        "import sys, lit_treegrpo.shapes.world\nprint(sorted(m for m in sys.modules if m.startswith('lit_treegrpo.')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "['lit_treegrpo.shapes', 'lit_treegrpo.shapes.world']"
 
@@ -108,8 +114,22 @@ ALLOWED = {
 }
 #: imports the engine may not make: the frameworks above it, and the environment (it computes from
 #: its arguments alone, the same on every machine)
-CORE_BANNED_IMPORTS = {"lightning", "pytorch_lightning", "diffusers", "transformers", "peft", "huggingface_hub",
-                       "os", "sys", "platform", "psutil", "socket", "subprocess", "shutil", "multiprocessing"}  # fmt: skip
+CORE_BANNED_IMPORTS = {
+    "lightning",
+    "pytorch_lightning",
+    "diffusers",
+    "transformers",
+    "peft",
+    "huggingface_hub",
+    "os",
+    "sys",
+    "platform",
+    "psutil",
+    "socket",
+    "subprocess",
+    "shutil",
+    "multiprocessing",
+}
 CORE_BANNED_ATTRIBUTES = ("torch.cuda", "torch.backends", "torch.mps", "torch.xpu", "torch.distributed", "os.environ")
 
 
@@ -185,7 +205,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         while True:  # walk inside the component until a node repeats
             nxt = min(n for n in graph[path[-1]] if n in component)
             if nxt in seen:
-                cycles.append([*path[path.index(nxt):], nxt])
+                cycles.append([*path[path.index(nxt) :], nxt])
                 break
             path.append(nxt)
             seen.add(nxt)
@@ -233,18 +253,24 @@ def test_every_folder_is_a_package_that_installs_and_says_what_it_may_import() -
     listed = re.search(r"^packages = \[(.*?)\]", (REPO / "pyproject.toml").read_text(), flags=re.M | re.S)
     packages = set(re.findall(r'"([\w.]+)"', listed.group(1)))
     folders = {f"lit_treegrpo.{p.parent.name}" for p in (REPO / "lit_treegrpo").glob("*/__init__.py")}
-    assert packages == {"lit_treegrpo", "lit_treegrpo.callbacks", *folders}, "pyproject's packages and the folders differ"
+    assert packages == {"lit_treegrpo", "lit_treegrpo.callbacks", *folders}, (
+        "pyproject's packages and the folders differ"
+    )
     assert set(ALLOWED) == {name.rpartition(".")[2] for name in packages - {"lit_treegrpo"}}
     # the top level holds the folders only (and the package's own __init__ / __main__)
     assert sorted(p.name for p in (REPO / "lit_treegrpo").glob("*.py")) == ["__init__.py", "__main__.py"]
     for name in sorted(packages - {"lit_treegrpo"}):
         init = REPO / ("callbacks" if name.endswith(".callbacks") else name.replace(".", "/")) / "__init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        assert "May import" in doc, f"{init.relative_to(REPO)}: its docstring says what lives there, and what it may import"
+        assert "May import" in doc, (
+            f"{init.relative_to(REPO)}: its docstring says what lives there, and what it may import"
+        )
 
 
 def test_no_module_is_longer_than_450_lines() -> None:
-    long = {str(p.relative_to(REPO)): n for p in _package_modules().values() if (n := len(p.read_text().splitlines())) > 450}
+    long = {
+        str(p.relative_to(REPO)): n for p in _package_modules().values() if (n := len(p.read_text().splitlines())) > 450
+    }
     assert not long, f"split these modules: {long}"
 
 
@@ -252,8 +278,11 @@ def test_core_neither_imports_the_frameworks_nor_probes_the_environment() -> Non
     import ast
 
     def banned(dotted: str) -> bool:
-        return dotted.split(".")[0] in CORE_BANNED_IMPORTS or dotted.startswith(
-            tuple(f"{a}." for a in CORE_BANNED_ATTRIBUTES)) or dotted in CORE_BANNED_ATTRIBUTES  # fmt: skip
+        return (
+            dotted.split(".")[0] in CORE_BANNED_IMPORTS
+            or dotted.startswith(tuple(f"{a}." for a in CORE_BANNED_ATTRIBUTES))
+            or dotted in CORE_BANNED_ATTRIBUTES
+        )
 
     problems = set()
     for path in sorted((REPO / "lit_treegrpo" / "core").glob("*.py")):
@@ -266,8 +295,15 @@ def test_core_neither_imports_the_frameworks_nor_probes_the_environment() -> Non
                 problems |= {f"{where}: from {node.module} import ..." for n in names if banned(n)}
             elif isinstance(node, ast.Attribute) and ast.unparse(node) in CORE_BANNED_ATTRIBUTES:
                 problems.add(f"{where}: {ast.unparse(node)}")
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("/proc", "/sys/")):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith(("/proc", "/sys/"))
+            ):
                 problems.add(f"{where}: reads {node.value}")
-            elif isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) in ("getenv", "environ"):
+            elif isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) in (
+                "getenv",
+                "environ",
+            ):
                 problems.add(f"{where}: {ast.unparse(node)}")
     assert not problems, sorted(problems)

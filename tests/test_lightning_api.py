@@ -111,8 +111,15 @@ def test_the_tensorboard_logger_members_our_deferred_logger_sets_and_reads(tmp_p
 def test_the_model_summary_hook_compact_model_summary_overrides() -> None:
     from lit_treegrpo.callbacks import CompactModelSummary
 
-    expected = ["summary_data", "total_parameters", "trainable_parameters", "model_size", "total_training_modes",
-                "total_flops", "summarize_kwargs"]  # fmt: skip
+    expected = [
+        "summary_data",
+        "total_parameters",
+        "trainable_parameters",
+        "model_size",
+        "total_training_modes",
+        "total_flops",
+        "summarize_kwargs",
+    ]
     assert _parameters(ModelSummary.summarize) == expected
     assert _parameters(CompactModelSummary.summarize)[:-1] == expected[:-1]
 

@@ -60,8 +60,30 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
+from ..common.errors import explain_os_error
+from ..data.datamodule import PromptDataModule
 from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
+from ..runs.export import check_out
+from ..runs.run_folder import (
+    RunConfigRecord,
+    RunFolderError,
+    RunLock,
+    RunTensorBoardLogger,
+    check_new_run,
+    clear_run,
+    launch_rank,
+)
+from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
+from .commands import ExportCommand, choose_weights, export_checkpoint
+from .run_output import (
+    MAX_ITERATIONS_HELP,
+    MAX_STEPS_HELP,
+    compact_summary,
+    iteration_limit,
+    output_callbacks,
+    quiet_startup,
+)
 from .user_errors import (
     RUN_FAULTS,
     USER_ERRORS,
@@ -72,28 +94,6 @@ from .user_errors import (
     config_files,
     exit_status,
     one_line,
-)
-from ..data.datamodule import PromptDataModule
-from ..common.errors import explain_os_error
-from ..runs.export import check_out
-from .commands import ExportCommand, choose_weights, export_checkpoint
-from ..training.module import TreeGRPOModule
-from .run_output import (
-    MAX_ITERATIONS_HELP,
-    MAX_STEPS_HELP,
-    compact_summary,
-    iteration_limit,
-    output_callbacks,
-    quiet_startup,
-)
-from ..runs.run_folder import (
-    RunConfigRecord,
-    RunFolderError,
-    RunLock,
-    RunTensorBoardLogger,
-    check_new_run,
-    clear_run,
-    launch_rank,
 )
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
@@ -200,7 +200,8 @@ class TreeGRPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_ROOT})
         # every command accepts it, so that one config file serves fit and validate alike
-        parser.add_argument("--max_iterations", type=Optional[int], default=None, help=MAX_ITERATIONS_HELP)
+        # (a type jsonargparse reads at run time, as its --help shows it: kept as written)
+        parser.add_argument("--max_iterations", type=Optional[int], default=None, help=MAX_ITERATIONS_HELP)  # noqa: UP045
         for action in parser._actions:
             if action.dest == "trainer.max_steps":
                 action.help = MAX_STEPS_HELP
@@ -217,7 +218,9 @@ class TreeGRPOCLI(LightningCLI):
             )
         limit = config.get("max_iterations")
         if limit is not None and limit < 1:
-            raise UserError(f"--max_iterations must be >= 1, got {limit}; or leave it out to stop at --trainer.max_steps")
+            raise UserError(
+                f"--max_iterations must be >= 1, got {limit}; or leave it out to stop at --trainer.max_steps"
+            )
         self._max_iterations = limit if self.subcommand == "fit" else None
         # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
         owner = self.subcommand == "fit" and launch_rank() == 0
@@ -245,7 +248,9 @@ class TreeGRPOCLI(LightningCLI):
         except RunFolderError as err:
             raise UserError(str(err)) from err
         except OSError as err:
-            raise UserError(f"--trainer.default_root_dir: cannot create or lock {root}: {explain_os_error(err)}") from err
+            raise UserError(
+                f"--trainer.default_root_dir: cannot create or lock {root}: {explain_os_error(err)}"
+            ) from err
         self._lock = lock
         self._clear_before_fit = root if overwrite else None
 
@@ -257,14 +262,18 @@ class TreeGRPOCLI(LightningCLI):
         if given is None or given in ("best", "hpc", "registry"):
             return given
         if not str(given).strip():
-            raise UserError("--ckpt_path: empty; give a checkpoint file, or last, or leave the option out to start a new run")
+            raise UserError(
+                "--ckpt_path: empty; give a checkpoint file, or last, or leave the option out to start a new run"
+            )
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
         path = root / "checkpoints" / "last.ckpt" if given == "last" else Path(given)
         if not path.exists():
             export = self.subcommand == "export"
             if given == "last":
                 fix = "give the checkpoint file" if export else "drop --ckpt_path to start a new run"
-                raise UserError(f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or {fix}")
+                raise UserError(
+                    f"--ckpt_path last: no checkpoint at {path}; check --trainer.default_root_dir, or {fix}"
+                )
             fix = "--ckpt_path last for the run's latest" if export else "drop --ckpt_path to start over"
             raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or {fix}")
         if path.is_dir():
@@ -319,7 +328,11 @@ class TreeGRPOCLI(LightningCLI):
         compact_summary(trainer, everything)
         guard_strategy_load(trainer.strategy)
         checkpoint_io = trainer.strategy.checkpoint_io
-        if self._checkpoint is not None and self._ckpt_path is not None and isinstance(checkpoint_io, AtomicCheckpointIO):
+        if (
+            self._checkpoint is not None
+            and self._ckpt_path is not None
+            and isinstance(checkpoint_io, AtomicCheckpointIO)
+        ):
             checkpoint_io.preload(self._ckpt_path, self._checkpoint)  # Lightning's restore reads no file
         return trainer
 
@@ -352,8 +365,14 @@ class TreeGRPOCLI(LightningCLI):
         assert self._ckpt_path is not None and self._checkpoint is not None
         checkpoint, self._checkpoint = self._checkpoint, None
         root = Path(self.config["export"]["trainer"].get("default_root_dir") or DEFAULT_ROOT)
-        export_checkpoint(self.model, checkpoint, self._ckpt_path, self.config_init["export"], root,
-                          adapter=self.config["export"]["model"].get("adapter"))  # fmt: skip
+        export_checkpoint(
+            self.model,
+            checkpoint,
+            self._ckpt_path,
+            self.config_init["export"],
+            root,
+            adapter=self.config["export"]["model"].get("adapter"),
+        )
 
     def before_fit(self) -> None:
         # --overwrite true deletes the earlier run only now that this one's model and trainer are

@@ -16,23 +16,30 @@ import inspect
 import math
 import re
 import warnings
-from dataclasses import asdict
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from jsonargparse import Namespace
 
-from .trainer_checks import check_trainer, data_parallel_world, is_number
-from .user_errors import UserError
 from ..core.loss import ClippedPolicyLoss
 from ..core.pruning import PruningConfig
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
-from ..training.resume import ADAPTER_MEMORY_OPTIONS, check_resumable, class_record, fingerprint_of, plain, reward_record
 from ..rewards import REWARDS, check_reward_names
 from ..training.faults import FaultPolicy
 from ..training.memory_guard import MemoryGuard
+from ..training.resume import (
+    ADAPTER_MEMORY_OPTIONS,
+    check_resumable,
+    class_record,
+    fingerprint_of,
+    plain,
+    reward_record,
+)
 from ..training.settings import AdvantageSettings, check_settings
+from .trainer_checks import check_trainer, data_parallel_world, is_number
+from .user_errors import UserError
 
 
 def _plain(value: Any) -> Any:
@@ -60,7 +67,9 @@ def _nan_options(value: Any, option: str) -> list[str]:
     if isinstance(value, Namespace):
         value = value.as_dict()
     if isinstance(value, dict):
-        return [found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")]
+        return [
+            found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")
+        ]
     if isinstance(value, (list, tuple)):
         return [found for i, v in enumerate(value) for found in _nan_options(v, f"{option}[{i}]")]
     return []
@@ -74,7 +83,9 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     :class:`UserError` / ``ValueError`` (one line)."""
     # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
     # from deep inside the optimizer that names no option
-    nans = [found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")]
+    nans = [
+        found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")
+    ]
     if nans:
         raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
     check_trainer(_plain(config["trainer"]), subcommand)
@@ -202,12 +213,16 @@ def check_reward_arguments(names: list[str], kwargs: dict[str, dict[str, Any]]) 
                 if key not in takes:
                     close = difflib.get_close_matches(key, takes, n=1, cutoff=0.6)
                     hint = f"did you mean {close[0]}? " if close else ""
-                    raise UserError(f"--model.reward_kwargs.{name}.{key}: reward {name!r} takes no argument {key!r}; "
-                                    f"{hint}it takes {', '.join(takes)}")  # fmt: skip
+                    raise UserError(
+                        f"--model.reward_kwargs.{name}.{key}: reward {name!r} takes no argument {key!r}; "
+                        f"{hint}it takes {', '.join(takes)}"
+                    )
         missing = [p for p in takes if params[p].default is inspect.Parameter.empty and p not in given]
         if missing:
-            raise UserError(f"--model.reward_kwargs.{name}.{missing[0]}: reward {name!r} needs it; "
-                            f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'")  # fmt: skip
+            raise UserError(
+                f"--model.reward_kwargs.{name}.{missing[0]}: reward {name!r} needs it; "
+                f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'"
+            )
 
 
 def adapter_config(model: Any) -> dict[str, Any] | None:

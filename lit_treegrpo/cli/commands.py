@@ -20,8 +20,15 @@ from .user_errors import UserError
 class ExportCommand:
     """Holds the signature of the ``export`` subcommand, from which the CLI builds its options."""
 
-    def export(self, model: Any, datamodule: Any = None, ckpt_path: str = "last", out: str | None = None,
-               merged: bool = False, ema: bool = False) -> None:  # fmt: skip
+    def export(
+        self,
+        model: Any,
+        datamodule: Any = None,
+        ckpt_path: str = "last",
+        out: str | None = None,
+        merged: bool = False,
+        ema: bool = False,
+    ) -> None:
         """Write a checkpoint's trained weights in the model family's diffusers format, with a card.
 
         Args:
@@ -35,20 +42,35 @@ class ExportCommand:
         raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
 
 
-def export_checkpoint(model: Any, checkpoint: Mapping[str, Any], ckpt_path: str, options: Mapping[str, Any],
-                      root: Path, *, adapter: Any = None) -> None:  # fmt: skip
+def export_checkpoint(
+    model: Any,
+    checkpoint: Mapping[str, Any],
+    ckpt_path: str,
+    options: Mapping[str, Any],
+    root: Path,
+    *,
+    adapter: Any = None,
+) -> None:
     """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``,
     then written out with ``options`` (``out``, ``merged``, ``ema``); the card's rewards come from
     the run's TensorBoard events under ``root``, its base model from the ``adapter`` config."""
     restore(model, checkpoint)
     ema = ema_state(checkpoint) if options["ema"] else None
     if options["ema"] and ema is None:
-        raise UserError(f"--ema true: {ckpt_path} holds no EMA weights (the run had no EMA callback, or it had "
-                        "not updated yet); drop --ema")  # fmt: skip
-    out = export(model, options["out"], merged=options["merged"], ema=ema,
-                 metrics=logged_rewards(root / "tensorboard", model.iteration),
-                 optimizer_steps=int(checkpoint.get("global_step", 0)), checkpoint=ckpt_path,
-                 adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None)  # fmt: skip
+        raise UserError(
+            f"--ema true: {ckpt_path} holds no EMA weights (the run had no EMA callback, or it had "
+            "not updated yet); drop --ema"
+        )
+    out = export(
+        model,
+        options["out"],
+        merged=options["merged"],
+        ema=ema,
+        metrics=logged_rewards(root / "tensorboard", model.iteration),
+        optimizer_steps=int(checkpoint.get("global_step", 0)),
+        checkpoint=ckpt_path,
+        adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None,
+    )
     rank_zero_info(f"exported {ckpt_path} (iteration {model.iteration}) to {out}")
 
 
@@ -71,5 +93,7 @@ def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: b
         trainer.callbacks.append(EMA(**state.get("options", {}), apply_on=("validation",)))
     elif not any("validation" in cb.apply_on for cb in emas):
         return
-    rank_zero_info(f"evaluating the checkpoint's EMA weights ({state['num_updates']} updates); --raw_weights true "
-                   "for its training weights")  # fmt: skip
+    rank_zero_info(
+        f"evaluating the checkpoint's EMA weights ({state['num_updates']} updates); --raw_weights true "
+        "for its training weights"
+    )

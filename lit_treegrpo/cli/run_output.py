@@ -63,8 +63,9 @@ def quiet_startup() -> None:
             logger.addFilter(_DropMessages(fragment))
 
 
-def output_callbacks(config: dict[str, Any], callbacks: list[Any], configured: list[Any],
-                     is_terminal: bool | None = None) -> list[Any]:  # fmt: skip
+def output_callbacks(
+    config: dict[str, Any], callbacks: list[Any], configured: list[Any], is_terminal: bool | None = None
+) -> list[Any]:
     """``callbacks`` plus :class:`ProgressLines` when stdout is not a terminal (Lightning's bar
     turned off in the trainer ``config``), unless the progress bar is off or one is configured."""
     terminal = sys.stdout.isatty() if is_terminal is None else is_terminal

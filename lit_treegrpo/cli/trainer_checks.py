@@ -46,8 +46,12 @@ def data_parallel_world(trainer: Any) -> int | None:
 _DURATION = "a duration DD:HH:MM:SS (e.g. 00:12:00:00 for 12 hours) or a mapping such as {hours: 12}"
 _TIMEDELTA_KEYS = ("weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds")
 #: the batch limit each command runs on: 0 there runs nothing
-_OWN_LIMIT = {"fit": "limit_train_batches", "validate": "limit_val_batches", "test": "limit_test_batches",
-              "predict": "limit_predict_batches"}  # fmt: skip
+_OWN_LIMIT = {
+    "fit": "limit_train_batches",
+    "validate": "limit_val_batches",
+    "test": "limit_test_batches",
+    "predict": "limit_predict_batches",
+}
 
 
 def is_number(value: Any) -> bool:
@@ -68,7 +72,9 @@ def _seconds(value: Any, option: str) -> float:
     elif isinstance(value, dict):
         unknown = [k for k in value if k not in _TIMEDELTA_KEYS]
         if unknown:
-            raise UserError(f"{option} {value}: {unknown[0]!r} is no unit of a duration; use {', '.join(_TIMEDELTA_KEYS)}")
+            raise UserError(
+                f"{option} {value}: {unknown[0]!r} is no unit of a duration; use {', '.join(_TIMEDELTA_KEYS)}"
+            )
         if not all(is_number(v) and v >= 0 for v in value.values()):
             raise UserError(f"{option} {value}: a negative or non-numeric part; give {_DURATION}")
         seconds = timedelta(**value).total_seconds()
@@ -96,8 +102,11 @@ def _devices(trainer: dict[str, Any]) -> None:
     accelerator = trainer.get("accelerator", "auto")
     accelerator = accelerator if isinstance(accelerator, str) else ""
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not _has_gpu())
-    fix = "give the number of processes (>= 1), or auto" if on_cpu else (
-        "give a count >= 1, -1 for every device, GPU indices such as [0, 1] or \"0,1\", or auto")
+    fix = (
+        "give the number of processes (>= 1), or auto"
+        if on_cpu
+        else ('give a count >= 1, -1 for every device, GPU indices such as [0, 1] or "0,1", or auto')
+    )
     if isinstance(devices, str):
         text = devices.strip()
         if text == "auto":
@@ -158,24 +167,40 @@ def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> Non
     _at_least(trainer, "reload_dataloaders_every_n_epochs", 0)
     log_every = trainer.get("log_every_n_steps")
     if is_number(log_every) and log_every < 1 and not trainer.get("barebones"):
-        raise UserError(f"--trainer.log_every_n_steps {log_every}: the run would log nothing; give >= 1 (1: every step)")
+        raise UserError(
+            f"--trainer.log_every_n_steps {log_every}: the run would log nothing; give >= 1 (1: every step)"
+        )
     if trainer.get("max_time") is not None and _seconds(trainer["max_time"], "--trainer.max_time") <= 0:
-        raise UserError(f"--trainer.max_time {trainer['max_time']}: stops the run before its first step; give {_DURATION}")
-    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches", "overfit_batches"):
+        raise UserError(
+            f"--trainer.max_time {trainer['max_time']}: stops the run before its first step; give {_DURATION}"
+        )
+    for name in (
+        "limit_train_batches",
+        "limit_val_batches",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "overfit_batches",
+    ):
         _batch_limit(trainer, name)
     own = _OWN_LIMIT.get(subcommand or "fit")
     if own is not None and is_number(trainer.get(own)) and trainer[own] == 0:
-        raise UserError(f"--trainer.{own} 0: {subcommand or 'fit'} would run no batch; give a number of batches >= 1, "
-                        "a fraction in (0, 1], or null for all")  # fmt: skip
+        raise UserError(
+            f"--trainer.{own} 0: {subcommand or 'fit'} would run no batch; give a number of batches >= 1, "
+            "a fraction in (0, 1], or null for all"
+        )
     _val_check_interval(trainer)
     accumulate = trainer.get("accumulate_grad_batches")
     if accumulate is not None and accumulate != 1:
-        raise UserError(f"--trainer.accumulate_grad_batches {accumulate}: this module steps its optimizer itself, so "
-                        "Lightning's accumulation does not apply; leave it at 1 and set --model.accumulate")  # fmt: skip
+        raise UserError(
+            f"--trainer.accumulate_grad_batches {accumulate}: this module steps its optimizer itself, so "
+            "Lightning's accumulation does not apply; leave it at 1 and set --model.accumulate"
+        )
     for name in ("gradient_clip_val", "gradient_clip_algorithm"):
         if trainer.get(name) is not None:
-            raise UserError(f"--trainer.{name} {trainer[name]}: this module clips its own gradients, so Lightning's "
-                            "clipping does not apply; leave it null and set --model.grad_clip (null: no clipping)")  # fmt: skip
+            raise UserError(
+                f"--trainer.{name} {trainer[name]}: this module clips its own gradients, so Lightning's "
+                "clipping does not apply; leave it null and set --model.grad_clip (null: no clipping)"
+            )
     root = trainer.get("default_root_dir")
     if root is not None and Path(root).exists() and not Path(root).is_dir():
         raise UserError(f"--trainer.default_root_dir {root}: is a file; give a folder (it is created if missing)")
@@ -195,8 +220,12 @@ def _val_check_interval(trainer: dict[str, Any]) -> None:
     if not is_number(value):
         return
     if value <= 0 or (value > 1 and value % 1 != 0):
-        raise UserError(f"{option} {value}: give the training steps between validations (>= 1), a fraction of an epoch "
-                        "in (0, 1], or a duration; --trainer.limit_val_batches 0 turns validation off")  # fmt: skip
+        raise UserError(
+            f"{option} {value}: give the training steps between validations (>= 1), a fraction of an epoch "
+            "in (0, 1], or a duration; --trainer.limit_val_batches 0 turns validation off"
+        )
     if isinstance(value, float) and value <= 1 and trainer.get("check_val_every_n_epoch") is None:
-        raise UserError(f"{option} {value}: a fraction of an epoch needs --trainer.check_val_every_n_epoch, which is "
-                        "null; give the training steps between validations (an integer) instead")  # fmt: skip
+        raise UserError(
+            f"{option} {value}: a fraction of an epoch needs --trainer.check_val_every_n_epoch, which is "
+            "null; give the training steps between validations (an integer) instead"
+        )

@@ -23,8 +23,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser
 
 from ..common.errors import explain_os_error, first_line
-from ..training.faults import FaultLimitError
 from ..rewards import NonFiniteRewardError
+from ..training.faults import FaultLimitError
 
 
 class UserError(Exception):
@@ -123,7 +123,9 @@ def explain_parse_error(message: str, parser: Any) -> str:
         if given:
             return _no_such_option(given[0], options, see)
         return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
-    key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(r"Option '([\w.]+)' is not accepted before", text)
+    key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(
+        r"Option '([\w.]+)' is not accepted before", text
+    )
     if key:
         return _no_such_option(f"--{key.group(1)}", options, see, " (a command-line option or a config key)")
     keyed = re.match(r'Parser key "([\w.]+)":\s*(.*)', text, flags=re.S)
@@ -138,7 +140,9 @@ def explain_parse_error(message: str, parser: Any) -> str:
         return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
     nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
     if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
-        return explain_parse_error(f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser)
+        return explain_parse_error(
+            f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser
+        )
     class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
     if class_problem:
         reason = class_problem.group(2).strip().splitlines()[0].strip()
@@ -176,7 +180,9 @@ def check_yaml_file(path: str) -> None:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8") from err
+        raise UserError(
+            f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8"
+        ) from err
     except OSError as err:
         raise UserError(f"--config {path}: cannot read it: {explain_os_error(err)}") from err
     try:

@@ -16,8 +16,8 @@ and nothing that probes the machine (environment variables, ``/proc``, CUDA devi
 engine computes from its arguments alone, the same everywhere (tests/test_layering.py).
 """
 
-from .compute import Compute, ComputeCost
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
+from .compute import Compute, ComputeCost
 from .loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .pruning import PruningConfig, PruningSchedule, prune
 from .rollout import (
@@ -52,6 +52,7 @@ __all__ = [
     "edge_loss",
     "flow_sde_step",
     "gaussian_log_prob",
+    "generator",
     "index_cond",
     "normalize_per_group",
     "prune",

@@ -256,9 +256,9 @@ def count_saved_tensors(forward: Callable[[], Any], params: Iterable[nn.Paramete
         regions.append((size, total - before))
         return out
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
-        with _regions_run_directly(record):
-            forward()
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None)
+    with torch.enable_grad(), hooks, _regions_run_directly(record):
+        forward()
     return SavedTensors(total, largest, tuple(regions))
 
 

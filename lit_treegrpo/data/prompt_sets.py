@@ -69,10 +69,7 @@ def load_prompts(source: str, *, option: str = "--data.prompts") -> PromptSet:
         name, suffix = str(path), path.suffix.lower()
         if suffix not in SUFFIXES:
             supported = "; ".join(f"{ext} ({what})" for ext, what in SUFFIXES.items())
-            raise ValueError(
-                f"{option}: {name} has the unsupported extension '{path.suffix}'; "
-                f"use one of {supported}"
-            )
+            raise ValueError(f"{option}: {name} has the unsupported extension '{path.suffix}'; use one of {supported}")
         try:
             data = path.read_bytes()
         except OSError as err:  # permissions, an I/O error, a file that vanished

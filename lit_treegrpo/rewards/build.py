@@ -27,7 +27,9 @@ def build_rewards(
             raise ValueError(f"reward {reward} mixes image and video rewards; wrap the image rewards in frame_average")
         built = (VideoMultiReward if kinds == {True} else MultiReward)(models, weights=dict(reward))
     elif not isinstance(reward, RewardModel):
-        raise TypeError(f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}")
+        raise TypeError(
+            f"reward must be a name, a name -> weight mapping or a RewardModel, got {type(reward).__name__}"
+        )
     elif kwargs:
         raise ValueError("reward_kwargs applies to rewards given by name; this reward is already built")
     else:

@@ -52,28 +52,32 @@ class LazyRegistry(MutableMapping[str, T], Generic[T]):
 
 
 #: name -> loader; what a config's ``reward:`` may say
-REWARDS: LazyRegistry[Callable[..., RewardModel]] = LazyRegistry({
-    "hps": "lit_treegrpo.rewards.hps:HPSv2.from_pretrained",
-    "image_reward": "lit_treegrpo.rewards.image_reward:ImageReward.from_pretrained",
-    "pickscore": "lit_treegrpo.rewards.pickscore:PickScore.from_pretrained",
-    "clip_score": "lit_treegrpo.rewards.clip_score:CLIPScore.from_pretrained",
-    "aesthetic": "lit_treegrpo.rewards.aesthetic:Aesthetic.from_pretrained",
-    "jpeg_compressibility": "lit_treegrpo.rewards.jpeg:JpegCompressibility",
-    "jpeg_incompressibility": "lit_treegrpo.rewards.jpeg:JpegIncompressibility",
-    "brightness": "lit_treegrpo.rewards.pixel:Brightness",
-    "shapes": "lit_treegrpo.rewards.shapes:ShapesReward",
-    # video rewards (videos [B, F, 3, H, W]; lit_treegrpo.rewards.video)
-    "frame_average": "lit_treegrpo.rewards.video:FrameAverage",
-    "temporal_consistency": "lit_treegrpo.rewards.video:TemporalConsistency",
-    "video_model": "lit_treegrpo.rewards.video:VideoModelReward",
-})
+REWARDS: LazyRegistry[Callable[..., RewardModel]] = LazyRegistry(
+    {
+        "hps": "lit_treegrpo.rewards.hps:HPSv2.from_pretrained",
+        "image_reward": "lit_treegrpo.rewards.image_reward:ImageReward.from_pretrained",
+        "pickscore": "lit_treegrpo.rewards.pickscore:PickScore.from_pretrained",
+        "clip_score": "lit_treegrpo.rewards.clip_score:CLIPScore.from_pretrained",
+        "aesthetic": "lit_treegrpo.rewards.aesthetic:Aesthetic.from_pretrained",
+        "jpeg_compressibility": "lit_treegrpo.rewards.jpeg:JpegCompressibility",
+        "jpeg_incompressibility": "lit_treegrpo.rewards.jpeg:JpegIncompressibility",
+        "brightness": "lit_treegrpo.rewards.pixel:Brightness",
+        "shapes": "lit_treegrpo.rewards.shapes:ShapesReward",
+        # video rewards (videos [B, F, 3, H, W]; lit_treegrpo.rewards.video)
+        "frame_average": "lit_treegrpo.rewards.video:FrameAverage",
+        "temporal_consistency": "lit_treegrpo.rewards.video:TemporalConsistency",
+        "video_model": "lit_treegrpo.rewards.video:VideoModelReward",
+    }
+)
 
 
 #: name -> a check that raises an ``ImportError`` naming the extra to install when the reward's
 #: package is missing; run before any model loads (``check_reward_available``)
-REQUIREMENTS: LazyRegistry[Callable[[], object]] = LazyRegistry({
-    "image_reward": "lit_treegrpo.rewards.image_reward:import_image_reward",
-})
+REQUIREMENTS: LazyRegistry[Callable[[], object]] = LazyRegistry(
+    {
+        "image_reward": "lit_treegrpo.rewards.image_reward:import_image_reward",
+    }
+)
 
 
 def check_reward_available(name: str) -> None:

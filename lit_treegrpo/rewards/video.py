@@ -137,7 +137,9 @@ class TemporalConsistency(VideoRewardModel):
     name = "temporal_consistency"
     uses_prompt = False
 
-    def __init__(self, metric: Literal["l2", "cosine"] = "l2", max_side: int = 64, max_batch: int | None = None) -> None:
+    def __init__(
+        self, metric: Literal["l2", "cosine"] = "l2", max_side: int = 64, max_batch: int | None = None
+    ) -> None:
         super().__init__(max_batch=max_batch)
         if metric not in ("l2", "cosine"):
             raise ValueError(f"reward 'temporal_consistency': metric must be 'l2' or 'cosine', got {metric!r}")

@@ -31,8 +31,9 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
@@ -96,9 +97,7 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
         if cause is None:  # a RuntimeError of torch.save itself: not the disk's doing
             raise
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise CheckpointWriteError(
-            f"cannot write the checkpoint {path}: {explain_os_error(cause)} ({kept})"
-        ) from err
+        raise CheckpointWriteError(f"cannot write the checkpoint {path}: {explain_os_error(cause)} ({kept})") from err
     finally:
         tmp.unlink(missing_ok=True)  # gone after the replace; a partial file after a failure
     if os.name == "posix":  # make the rename itself durable (directories cannot be opened on Windows)
@@ -122,7 +121,11 @@ def check_checkpoint(path: str | Path, *, option: str = "--ckpt_path", verify_da
 
 
 def read_checkpoint(
-    path: str | Path, *, option: str = "--ckpt_path", verify_data: bool = True, lightning: bool = True,
+    path: str | Path,
+    *,
+    option: str = "--ckpt_path",
+    verify_data: bool = True,
+    lightning: bool = True,
     map_location: Any = "cpu",
 ) -> dict[str, Any]:
     """The checkpoint at ``path``, read once and safely: one open file is checked as a zip
@@ -148,10 +151,13 @@ def read_checkpoint(
                 f"by this project's fit and may be hostile, so it is not loaded: {fix}"
             ) from None  # torch's message advises re-running with weights_only=False
         except (RuntimeError, EOFError, ValueError) as err:  # a zip that is a torch file in name only
-            raise CorruptCheckpointError(f"{option}: {path} cannot be read by torch.load ({_without_advice(err)}); {fix}") from err
+            raise CorruptCheckpointError(
+                f"{option}: {path} cannot be read by torch.load ({_without_advice(err)}); {fix}"
+            ) from err
     if lightning and (not isinstance(checkpoint, dict) or any(key not in checkpoint for key in LIGHTNING_KEYS)):
         holds = (
-            f"the keys {', '.join(repr(k) for k in list(checkpoint)[:5])}" if isinstance(checkpoint, dict)
+            f"the keys {', '.join(repr(k) for k in list(checkpoint)[:5])}"
+            if isinstance(checkpoint, dict)
             else f"a {type(checkpoint).__name__}"
         )
         raise CorruptCheckpointError(
@@ -291,7 +297,9 @@ def guard_strategy_load(strategy: Any) -> None:
                 return load(checkpoint_path, weights_only=True)
             except pickle.UnpicklingError as err:  # a strategy's own torch.load refused an object
                 refused = refused_globals(checkpoint_path, err) if Path(checkpoint_path).is_file() else []
-                what = f"the global {', '.join(refused)}" if refused else "a pickle instruction outside torch's allowlist"
+                what = (
+                    f"the global {', '.join(refused)}" if refused else "a pickle instruction outside torch's allowlist"
+                )
                 raise CorruptCheckpointError(
                     f"--ckpt_path: {checkpoint_path} holds objects that the safe unpickler refuses ({what}); it was "
                     "not written by this project's fit and may be hostile, so it is not loaded"

@@ -50,7 +50,9 @@ def check_out(out: str | Path | None) -> Path:
     if path.exists() and not path.is_dir():
         raise ExportError(f"--out {path}: is a file; give a folder (it is created if missing)")
     if path.is_dir() and any(path.iterdir()) and not (path / CARD_FILE).is_file():
-        raise ExportError(f"--out {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder")
+        raise ExportError(
+            f"--out {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder"
+        )
     ancestor = path.parent if path.parent != Path("") else Path(".")
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -83,7 +85,9 @@ def restore(module: Any, checkpoint: Mapping[str, Any]) -> None:
 def swapped_in(params: list[torch.nn.Parameter], values: list[Tensor]) -> Iterator[None]:
     """The block runs with ``values`` in ``params``; the originals come back afterwards."""
     if len(values) != len(params) or any(v.shape != p.shape for v, p in zip(values, params)):
-        raise ExportError("the EMA weights do not match the model's trainable parameters; export with the run's --config")
+        raise ExportError(
+            "the EMA weights do not match the model's trainable parameters; export with the run's --config"
+        )
     saved = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p, v in zip(params, values):
@@ -161,10 +165,12 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
             from ..models.shapes import BUILTIN
 
             folder = "str(builtin_folder())" if base == BUILTIN else repr(base)
-            return ("from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
-                    + ("from lit_treegrpo.models.shapes import builtin_folder\n" if base == BUILTIN else "")
-                    + f"transformer = SD3Transformer2DModel.from_pretrained({folder}, subfolder='transformer')\n"
-                    "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')")  # fmt: skip
+            return (
+                "from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
+                + ("from lit_treegrpo.models.shapes import builtin_folder\n" if base == BUILTIN else "")
+                + f"transformer = SD3Transformer2DModel.from_pretrained({folder}, subfolder='transformer')\n"
+                "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')"
+            )
         return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
     pipeline = type(getattr(adapter, "pipeline", None)).__name__
     # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline
@@ -201,9 +207,17 @@ def _card_text(card: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def export(module: Any, out: str | Path, *, merged: bool = False, ema: Mapping[str, Any] | None = None,
-           metrics: Mapping[str, float | None] | None = None, optimizer_steps: int = 0,
-           adapter_config: Mapping[str, Any] | None = None, checkpoint: str | None = None) -> Path:  # fmt: skip
+def export(
+    module: Any,
+    out: str | Path,
+    *,
+    merged: bool = False,
+    ema: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, float | None] | None = None,
+    optimizer_steps: int = 0,
+    adapter_config: Mapping[str, Any] | None = None,
+    checkpoint: str | None = None,
+) -> Path:
     """Write ``module``'s trained weights (and ``ema``'s, an EMA state with ``shadows``) to
     ``out`` with the card; returns ``out``. ``metrics`` holds ``reward`` and ``held_out_reward``."""
     out = check_out(out)
@@ -211,8 +225,17 @@ def export(module: Any, out: str | Path, *, merged: bool = False, ema: Mapping[s
     if staging.exists():
         shutil.rmtree(staging)
     try:
-        return _write(module, out, staging, merged=merged, ema=ema, metrics=metrics, optimizer_steps=optimizer_steps,
-                      adapter_config=adapter_config, checkpoint=checkpoint)  # fmt: skip
+        return _write(
+            module,
+            out,
+            staging,
+            merged=merged,
+            ema=ema,
+            metrics=metrics,
+            optimizer_steps=optimizer_steps,
+            adapter_config=adapter_config,
+            checkpoint=checkpoint,
+        )
     except OSError as err:
         from ..common.errors import explain_os_error
 
@@ -222,9 +245,18 @@ def export(module: Any, out: str | Path, *, merged: bool = False, ema: Mapping[s
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write(module: Any, out: Path, staging: Path, *, merged: bool, ema: Mapping[str, Any] | None,
-           metrics: Mapping[str, float | None] | None, optimizer_steps: int, adapter_config: Mapping[str, Any] | None,
-           checkpoint: str | None) -> Path:  # fmt: skip
+def _write(
+    module: Any,
+    out: Path,
+    staging: Path,
+    *,
+    merged: bool,
+    ema: Mapping[str, Any] | None,
+    metrics: Mapping[str, float | None] | None,
+    optimizer_steps: int,
+    adapter_config: Mapping[str, Any] | None,
+    checkpoint: str | None,
+) -> Path:
     adapter = module.adapter
     lora = adapter.lora is not None and not merged
     files = write_weights(adapter, staging, merged=merged)

@@ -188,8 +188,10 @@ class RunLock:
             fix = f"delete the name {self.path} (the file's other names stay)"
         else:
             fix = f"move {self.path} away"
-        return (f"--trainer.default_root_dir: the fit lock {self.path} is {what}, and a fit writes its PID into its "
-                f"lock; {fix} and run again")  # fmt: skip
+        return (
+            f"--trainer.default_root_dir: the fit lock {self.path} is {what}, and a fit writes its PID into its "
+            f"lock; {fix} and run again"
+        )
 
     def _lock(self, fd: int) -> None:
         if fcntl is None:
@@ -240,8 +242,9 @@ class RunConfigRecord(SaveConfigCallback):
             self._folder = trainer.log_dir
 
     @override
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._record(trainer, pl_module)
 
     @override

@@ -47,9 +47,13 @@ class CheckpointState:
         if saved_optimizer is not None and saved_optimizer != mine:
             raise refusal("--model.optimizer", resumed["where"], saved_optimizer, mine)
         configs = self.trainer.lr_scheduler_configs
-        changes = apply_optimizer_options(self.trainer.optimizers[0], configs[0].scheduler if configs else None,
-                                          self._configured, resumed["settings"].get("lr_scheduler"),
-                                          resumed["schedulers"] > 0)  # fmt: skip
+        changes = apply_optimizer_options(
+            self.trainer.optimizers[0],
+            configs[0].scheduler if configs else None,
+            self._configured,
+            resumed["settings"].get("lr_scheduler"),
+            resumed["schedulers"] > 0,
+        )
         changes += changed_settings(resumed["settings"], self._settings())
         if changes:
             rank_zero_info(f"resumed with {', '.join(changes)}")
@@ -59,8 +63,9 @@ class CheckpointState:
         comes after on_load_checkpoint, or before it under a sharded strategy), and before
         Lightning restores the scheduler: another class's state is not loaded into this one."""
         if self._resumed is not None and self._configured is not None:
-            self._configured.replace_foreign_state(self._resumed["settings"].get("lr_scheduler"),
-                                                   self._resumed["scheduler_states"])  # fmt: skip
+            self._configured.replace_foreign_state(
+                self._resumed["settings"].get("lr_scheduler"), self._resumed["scheduler_states"]
+            )
 
     def _trainable_names(self) -> list[str]:
         return [n for n, p in self.named_parameters() if p.requires_grad]
@@ -132,12 +137,17 @@ class CheckpointState:
         # what shaped the weights is compared for a resumed fit only: validate / test / predict /
         # export may evaluate them with another reward. (A sharded strategy loads the weights
         # itself and hands over no "state_dict".)
-        check_resumable(saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"), fitting=fitting,
-                        where=where)  # fmt: skip
+        check_resumable(
+            saved["fingerprint"], self._fingerprint(), checkpoint.get("state_dict"), fitting=fitting, where=where
+        )
         if fitting:
-            self._resumed = {"where": where, "fingerprint": saved["fingerprint"], "settings": saved.get("settings") or {},
-                             "schedulers": len(checkpoint.get("lr_schedulers") or []),
-                             "scheduler_states": checkpoint.get("lr_schedulers")}  # fmt: skip
+            self._resumed = {
+                "where": where,
+                "fingerprint": saved["fingerprint"],
+                "settings": saved.get("settings") or {},
+                "schedulers": len(checkpoint.get("lr_schedulers") or []),
+                "scheduler_states": checkpoint.get("lr_schedulers"),
+            }
             self._keep_foreign_scheduler_state_out()
         self.iteration = int(saved["iteration"])
         self.fault_ledger.load_state_dict(saved.get("faults", {}))

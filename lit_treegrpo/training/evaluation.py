@@ -36,8 +36,14 @@ class Evaluation:
         gens = [generator(seed, zlib.crc32(p.encode()), device=device) for p in prompts]
         cond = self.adapter.encode_prompts(prompts)
         noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
-        tree = rollout(self.adapter.predict, self.adapter.step, TreeSpec(self.adapter.num_steps), cond, noise,
-                       max_batch=self.rollout_limits.max_batch)
+        tree = rollout(
+            self.adapter.predict,
+            self.adapter.step,
+            TreeSpec(self.adapter.num_steps),
+            cond,
+            noise,
+            max_batch=self.rollout_limits.max_batch,
+        )
         return self.adapter.decode(tree.leaf_latents)
 
     def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:

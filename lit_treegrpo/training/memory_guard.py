@@ -148,15 +148,31 @@ class RolloutGuard:
         return memory_for_rank(self.settings, device, processes)
 
     def check(
-        self, adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor, num_prompts: int, *,
-        processes: int, any_rank: Callable[[bool], bool],
-    ) -> None:  # fmt: skip
+        self,
+        adapter: Any,
+        spec: TreeSpec,
+        cond: Any,
+        noise: Tensor,
+        num_prompts: int,
+        *,
+        processes: int,
+        any_rank: Callable[[bool], bool],
+    ) -> None:
         """Check a rollout of ``num_prompts`` prompts on this rank (``cond`` / ``noise``: one
         prompt's conditioning rows and root noise [n, *S] or more) unless disabled."""
         if self.settings.enabled:
             available = self.available(adapter.device, processes)
-            check_rollout_memory(self.settings, spec, cond, noise, num_prompts, cfg=adapter.do_cfg,
-                                 max_batch=self.max_batch, available=available, any_rank=any_rank)  # fmt: skip
+            check_rollout_memory(
+                self.settings,
+                spec,
+                cond,
+                noise,
+                num_prompts,
+                cfg=adapter.do_cfg,
+                max_batch=self.max_batch,
+                available=available,
+                any_rank=any_rank,
+            )
         self.checked = True
 
     def before_data(
@@ -184,9 +200,14 @@ def one_prompt(adapter: Any, datamodule: Any) -> tuple[Any, Tensor]:
 
 # ------------------------------------------------------------------------------- training pass
 def check_training_memory(
-    guard: MemoryGuard, memory: TrainingMemory, largest: int, *, available: tuple[int | None, str],
-    any_rank: Callable[[bool], bool], fixes: str,
-) -> int | None:  # fmt: skip
+    guard: MemoryGuard,
+    memory: TrainingMemory,
+    largest: int,
+    *,
+    available: tuple[int | None, str],
+    any_rank: Callable[[bool], bool],
+    fixes: str,
+) -> int | None:
     """The most parents one training forward can take on this rank by the estimate (None: the memory
     cannot be measured). Raise :class:`TrainingMemoryError` when not even one fits in
     ``guard.fraction`` of the ``available`` memory, here or, through ``any_rank``, on another rank. ``largest``: parents of the largest
@@ -243,9 +264,18 @@ class TrainingGuard:
         return self.settings.enabled or self.settings.max_train_parents is not None
 
     def check(
-        self, adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor, num_prompts: int, *, micro_batches: int,
-        optimizer: torch.optim.Optimizer | None, processes: int, any_rank: Callable[[bool], bool],
-    ) -> None:  # fmt: skip
+        self,
+        adapter: Any,
+        spec: TreeSpec,
+        cond: Any,
+        noise: Tensor,
+        num_prompts: int,
+        *,
+        micro_batches: int,
+        optimizer: torch.optim.Optimizer | None,
+        processes: int,
+        any_rank: Callable[[bool], bool],
+    ) -> None:
         """Probe one parent and set :attr:`cap` (``cond`` / ``noise``: one prompt's conditioning rows
         and root noise [n, *S], as :meth:`RolloutGuard.check` takes them; ``micro_batches``: how many
         the kept edges of one inner epoch split into when pruning keeps every edge)."""
@@ -260,13 +290,20 @@ class TrainingGuard:
             checkpointing=checkpointing,
             trainable_bytes=sum(p.numel() * p.element_size() for p in params),
             optimizer_state_bytes=optimizer_state_bytes(optimizer, params),
-            held_bytes=held_tree_bytes(spec, num_prompts, tuple(noise.shape[1:]), noise.dtype,
-                                       cond_bytes=cond_row_bytes(cond)),  # fmt: skip
+            held_bytes=held_tree_bytes(
+                spec, num_prompts, tuple(noise.shape[1:]), noise.dtype, cond_bytes=cond_row_bytes(cond)
+            ),
         )
         largest = largest_micro_batch(parents_per_rank(spec, num_prompts), micro_batches)
         available = memory_for_rank(self.settings, adapter.device, processes)
-        self.fits = check_training_memory(self.settings, memory, largest, available=available, any_rank=any_rank,
-                                          fixes=_fixes(adapter, saved, checkpointing))  # fmt: skip
+        self.fits = check_training_memory(
+            self.settings,
+            memory,
+            largest,
+            available=available,
+            any_rank=any_rank,
+            fixes=_fixes(adapter, saved, checkpointing),
+        )
         self.memory = memory
         caps = [cap for cap in (self.fits, self.settings.max_train_parents) if cap is not None]
         self.cap = min(caps) if caps else None
@@ -277,9 +314,16 @@ class TrainingGuard:
             self.announce(largest)
 
     def before_data(
-        self, adapter: Any, datamodule: Any, spec: TreeSpec, *, micro_batches: Callable[[int], int],
-        optimizer: torch.optim.Optimizer | None, processes: int, any_rank: Callable[[bool], bool],
-    ) -> None:  # fmt: skip
+        self,
+        adapter: Any,
+        datamodule: Any,
+        spec: TreeSpec,
+        *,
+        micro_batches: Callable[[int], int],
+        optimizer: torch.optim.Optimizer | None,
+        processes: int,
+        any_rank: Callable[[bool], bool],
+    ) -> None:
         """:meth:`check` at the start of a fit, before the first batch is drawn, as
         :meth:`RolloutGuard.before_data` (``micro_batches``: of the prompts per rank)."""
         self.checked = False
@@ -287,8 +331,17 @@ class TrainingGuard:
             return
         cond, noise = one_prompt(adapter, datamodule)
         num_prompts = datamodule.per_rank_batch_size()
-        self.check(adapter, spec, cond, noise, num_prompts, micro_batches=micro_batches(num_prompts),
-                   optimizer=optimizer, processes=processes, any_rank=any_rank)  # fmt: skip
+        self.check(
+            adapter,
+            spec,
+            cond,
+            noise,
+            num_prompts,
+            micro_batches=micro_batches(num_prompts),
+            optimizer=optimizer,
+            processes=processes,
+            any_rank=any_rank,
+        )
 
     def chunks(self, parents: list[int]) -> list[int]:
         """Forwards for micro-batches of ``parents`` parents each on this rank: one while they fit."""

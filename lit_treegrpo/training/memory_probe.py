@@ -103,6 +103,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[
             copies = 3 if group.get("amsgrad", False) else 2
         else:
             copies = 2
-        size += copies * sum(p.numel() * p.element_size() for p in group["params"]
-                             if optimizer is None or not optimizer.state.get(p))  # fmt: skip
+        size += copies * sum(
+            p.numel() * p.element_size() for p in group["params"] if optimizer is None or not optimizer.state.get(p)
+        )
     return size

@@ -36,25 +36,25 @@ from ..core.advantages import tree_advantages
 from ..core.compute import Compute, ComputeCost
 from ..core.loss import ClippedPolicyLoss
 from ..core.pruning import PruningConfig, PruningSchedule, prune
-from ..core.rollout import RolloutTree, root_noise, rollout
+from ..core.rollout import RolloutTree, rollout, root_noise
 from ..core.seeding import generator
 from ..core.spec import RolloutLimits, TreeSpec
+from ..data.prompt_stream import PromptBatch
+from ..models.base import Cond, DiffusionAdapter
+from ..models.flow import FlowMatchingAdapter
+from ..rewards import RewardModel, build_rewards
 from .checkpoint_state import CheckpointState
 from .evaluation import Evaluation
 from .faults import FaultLedger, FaultPolicy, StepPlan
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
-from ..models.base import Cond, DiffusionAdapter
-from ..models.flow import FlowMatchingAdapter
-from ..data.prompt_stream import PromptBatch
 from .resume import (
     ConfiguredOptimizer,
     reward_record,
 )
-from ..rewards import RewardModel, build_rewards
 from .settings import AdvantageSettings, check_settings
 from .sharding import Sharding
-from .update import PolicyUpdate
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
+from .update import PolicyUpdate
 
 
 class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
@@ -131,9 +131,17 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         compute_cost: ComputeCost = ComputeCost(),
     ) -> None:
         super().__init__()
-        check_settings(tree, minibatches=minibatches, accumulate=accumulate, inner_epochs=inner_epochs,
-                       grad_clip=grad_clip, val_samples=val_samples, edges_per_update=edges_per_update,
-                       adapter_num_steps=adapter.num_steps, limits=rollout)  # fmt: skip
+        check_settings(
+            tree,
+            minibatches=minibatches,
+            accumulate=accumulate,
+            inner_epochs=inner_epochs,
+            grad_clip=grad_clip,
+            val_samples=val_samples,
+            edges_per_update=edges_per_update,
+            adapter_num_steps=adapter.num_steps,
+            limits=rollout,
+        )
         self.adapter = adapter
         self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
         self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
@@ -143,7 +151,11 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
         if self.loss_fn.kl_beta > 0 and adapter.lora is None:
             raise ValueError("loss.kl_beta > 0 needs the adapter's lora (the reference is LoRA disabled)")
-        if self.loss_fn.kl_beta > 0 and self.loss_fn.kl_form == "flow_grpo" and not isinstance(adapter, FlowMatchingAdapter):
+        if (
+            self.loss_fn.kl_beta > 0
+            and self.loss_fn.kl_form == "flow_grpo"
+            and not isinstance(adapter, FlowMatchingAdapter)
+        ):
             raise ValueError(
                 f"loss.kl_form flow_grpo needs a flow-matching adapter (its step size |dt|); "
                 f"{type(adapter).__name__} is not one: use kl_form exact"
@@ -164,7 +176,9 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         self.faults = faults
         self.memory_guard = memory_guard
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
-        self.rollout_guard = RolloutGuard(memory_guard, rollout.max_batch)  # checks once per fit, before the first batch
+        self.rollout_guard = RolloutGuard(
+            memory_guard, rollout.max_batch
+        )  # checks once per fit, before the first batch
         self.training_guard = TrainingGuard(memory_guard)  # likewise; splits micro-batches that do not fit
         self._warned_nothing_kept = False  # pruning that keeps no edge is warned about once
         self.iteration = 0  # completed training steps; restored from checkpoints
@@ -233,8 +247,15 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         cond = self.adapter.encode_prompts(prompts)
         noise = root_noise(self.adapter.initial_noise, gens, spec)  # [P * num_trees, *S]
         self._guard_memory(spec, cond, noise, len(prompts))
-        tree = rollout(self.adapter.predict, self.adapter.step, spec, cond, noise, generator=gens,
-                       max_batch=self.rollout_limits.max_batch)
+        tree = rollout(
+            self.adapter.predict,
+            self.adapter.step,
+            spec,
+            cond,
+            noise,
+            generator=gens,
+            max_batch=self.rollout_limits.max_batch,
+        )
         timer.lap("rollout")
 
         leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
@@ -248,8 +269,15 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         keep = prune(tree, advantages, pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
         timer.lap("advantages")
 
-        plan = ledger.tally(scored, screened, keep, prompts, tree.leaf_prompt, iteration=self.iteration,
-                            sum_over_ranks=self._sum_over_ranks)  # fmt: skip
+        plan = ledger.tally(
+            scored,
+            screened,
+            keep,
+            prompts,
+            tree.leaf_prompt,
+            iteration=self.iteration,
+            sum_over_ranks=self._sum_over_ranks,
+        )
         self._warn_if_nothing_kept(plan, tree, pruning)
         update = self._update(tree, cond, advantages, keep, first) if plan.train else NO_UPDATE
         timer.lap("train")
@@ -271,9 +299,17 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
     def _advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
         """[E] one advantage per recorded edge from the leaves' rewards [L]."""
         a = self.advantage
-        return tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method=a.method,
-                               edge_old_log_prob=tree.edge_old_log_prob, beta=a.beta, clip=a.clip,
-                               std_scope=a.std_scope)  # fmt: skip
+        return tree_advantages(
+            rewards,
+            tree.edge_parent,
+            tree.leaf_edge,
+            tree.leaf_prompt,
+            method=a.method,
+            edge_old_log_prob=tree.edge_old_log_prob,
+            beta=a.beta,
+            clip=a.clip,
+            std_scope=a.std_scope,
+        )
 
     def pruning_at(self, spec: TreeSpec) -> PruningConfig:
         """This iteration's pruning: ``--model.pruning``, or the attached schedule's (``spec``: the
@@ -294,10 +330,30 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         )
         warnings.warn(message, UserWarning, stacklevel=3)
 
-    def _log_step(self, rewards: Tensor, tree: RolloutTree, keep: Tensor, advantages: Tensor, update: Update,
-                  num_prompts: int, laps: dict[str, float], spent: Compute) -> None:  # fmt: skip
-        metrics = step_metrics(rewards, tree, keep, advantages, update, self.fault_ledger.counts, laps, self.iteration,
-                               spent, self.compute_spent, self.compute_cost)  # fmt: skip
+    def _log_step(
+        self,
+        rewards: Tensor,
+        tree: RolloutTree,
+        keep: Tensor,
+        advantages: Tensor,
+        update: Update,
+        num_prompts: int,
+        laps: dict[str, float],
+        spent: Compute,
+    ) -> None:
+        metrics = step_metrics(
+            rewards,
+            tree,
+            keep,
+            advantages,
+            update,
+            self.fault_ledger.counts,
+            laps,
+            self.iteration,
+            spent,
+            self.compute_spent,
+            self.compute_cost,
+        )
         self.log_dict(metrics.shown, prog_bar=True, batch_size=num_prompts)
         self.log_dict({**metrics.logged, "optimizer_steps": float(self.trainer.global_step)}, batch_size=num_prompts)
 
@@ -319,12 +375,21 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
     def _guard_memory(self, spec: TreeSpec, cond: Cond, noise: Tensor, num_prompts: int) -> None:
         """The memory guard at the first training step, unless it ran before the data."""
         if not self.rollout_guard.checked:
-            self.rollout_guard.check(self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(),
-                                     any_rank=self._any_rank)  # fmt: skip
+            self.rollout_guard.check(
+                self.adapter, spec, cond, noise, num_prompts, processes=self._node_processes(), any_rank=self._any_rank
+            )
         if not self.training_guard.checked:
-            self.training_guard.check(self.adapter, spec, cond, noise, num_prompts, optimizer=self._optimizer(),
-                                      micro_batches=self._micro_batches(spec, num_prompts),
-                                      processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
+            self.training_guard.check(
+                self.adapter,
+                spec,
+                cond,
+                noise,
+                num_prompts,
+                optimizer=self._optimizer(),
+                micro_batches=self._micro_batches(spec, num_prompts),
+                processes=self._node_processes(),
+                any_rank=self._any_rank,
+            )
 
     def _micro_batches(self, spec: TreeSpec, num_prompts: int) -> int:
         """Micro-batches of one inner epoch when pruning keeps every edge of ``num_prompts`` prompts'
@@ -346,12 +411,19 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
     def on_fit_start(self) -> None:
         self._sync_data_stream()
         spec = self.tree.at(self.iteration, self.seed)
-        self.rollout_guard.before_data(self.adapter, self._datamodule(), spec, processes=self._node_processes(),
-                                       any_rank=self._any_rank)  # fmt: skip
+        self.rollout_guard.before_data(
+            self.adapter, self._datamodule(), spec, processes=self._node_processes(), any_rank=self._any_rank
+        )
         with self.trainer.precision_plugin.train_step_context():  # the probe's dtypes: the training step's
-            self.training_guard.before_data(self.adapter, self._datamodule(), spec, optimizer=self._optimizer(),
-                                            micro_batches=lambda prompts: self._micro_batches(spec, prompts),
-                                            processes=self._node_processes(), any_rank=self._any_rank)  # fmt: skip
+            self.training_guard.before_data(
+                self.adapter,
+                self._datamodule(),
+                spec,
+                optimizer=self._optimizer(),
+                micro_batches=lambda prompts: self._micro_batches(spec, prompts),
+                processes=self._node_processes(),
+                any_rank=self._any_rank,
+            )
 
     def _datamodule(self) -> Any:
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

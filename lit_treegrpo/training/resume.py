@@ -220,8 +220,9 @@ def check_resumable(
             raise ValueError(f"{where} lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
 
 
-def _compare(saved: Mapping[str, Any], mine: Mapping[str, Any], key: str, option: str, by_field: bool, check: bool,
-             where: str) -> None:  # fmt: skip
+def _compare(
+    saved: Mapping[str, Any], mine: Mapping[str, Any], key: str, option: str, by_field: bool, check: bool, where: str
+) -> None:
     if not check or key not in saved or key not in mine:
         return
     found = _difference(saved[key], mine[key], option, by_field)
@@ -229,8 +230,9 @@ def _compare(saved: Mapping[str, Any], mine: Mapping[str, Any], key: str, option
         raise refusal(found[0], where, *found[1:])
 
 
-def _check_trainable(saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Mapping[str, Any] | None,
-                     where: str) -> None:  # fmt: skip
+def _check_trainable(
+    saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Mapping[str, Any] | None, where: str
+) -> None:
     """The same trainable tensors, by name and shape, before ``load_state_dict`` would fail on
     them with a traceback (a LoRA of another rank: a size mismatch)."""
     fix = f"resume with the adapter and LoRA settings it was trained with, or {NEW_RUN}"
@@ -311,7 +313,14 @@ def changed_settings(saved: Mapping[str, Any] | None, mine: Mapping[str, Any]) -
 #: what a scheduler's state says about where the run is (restored from the checkpoint); the rest of
 #: its state is its settings (this run's). ``_schedulers``: the inner schedules of a SequentialLR /
 #: ChainedScheduler, restored whole
-SCHEDULER_POSITION = ("last_epoch", "_step_count", "_last_lr", "_is_initial", "_get_lr_called_within_step", "_schedulers")
+SCHEDULER_POSITION = (
+    "last_epoch",
+    "_step_count",
+    "_last_lr",
+    "_is_initial",
+    "_get_lr_called_within_step",
+    "_schedulers",
+)
 #: param-group entries that are no optimizer option
 GROUP_BOOKKEEPING = ("params", "param_names", "initial_lr")
 
@@ -349,8 +358,13 @@ class ConfiguredOptimizer:
             states[0] = copy.deepcopy(self.scheduler_state)
 
 
-def apply_optimizer_options(optimizer: torch.optim.Optimizer, scheduler: Any, mine: ConfiguredOptimizer,
-                            saved_scheduler: str | None, scheduler_restored: bool) -> list[str]:  # fmt: skip
+def apply_optimizer_options(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    mine: ConfiguredOptimizer,
+    saved_scheduler: str | None,
+    scheduler_restored: bool,
+) -> list[str]:
     """After Lightning restored a checkpoint's optimizer (and scheduler) state into this run's:
     every option of this run's optimizer wins over the restored param groups; the learning rate
     is this run's (with a scheduler: its base lr, the schedule's position kept and the current
@@ -383,7 +397,9 @@ def apply_optimizer_options(optimizer: torch.optim.Optimizer, scheduler: Any, mi
             group["initial_lr"] = new_base
     if scheduler is None:
         if saved_scheduler is not None or scheduler_restored:
-            changes.append(f"no lr scheduler (the checkpoint had {saved_scheduler or 'one'}): the lr stays at its value")
+            changes.append(
+                f"no lr scheduler (the checkpoint had {saved_scheduler or 'one'}): the lr stays at its value"
+            )
     elif restart:  # (replace_foreign_state kept another class's state out)
         scheduler.load_state_dict(copy.deepcopy(mine.scheduler_state))
         had = "none" if not scheduler_restored else saved_scheduler
@@ -393,7 +409,9 @@ def apply_optimizer_options(optimizer: torch.optim.Optimizer, scheduler: Any, mi
         settings = {k: v for k, v in mine.scheduler_state.items() if k not in SCHEDULER_POSITION}
         for key, value in settings.items():
             if key not in ("base_lrs", "lr_lambdas") and key in restored and plain(restored[key]) != plain(value):
-                changes.append(f"{mine.scheduler} {key} {show(value)} (the checkpoint trained with {show(restored[key])})")
+                changes.append(
+                    f"{mine.scheduler} {key} {show(value)} (the checkpoint trained with {show(restored[key])})"
+                )
         scheduler.load_state_dict({**restored, **copy.deepcopy(settings)})
         bases = [g["initial_lr"] for g in optimizer.param_groups]
         for inner in (scheduler, *getattr(scheduler, "_schedulers", ())):

@@ -65,9 +65,7 @@ def check_settings(
             f"{adapter_num_steps}; set both to the same value"
         )
     if tree.num_edges() == 0:
-        raise ValueError(
-            f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps"
-        )
+        raise ValueError(f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps")
     if tree.num_leaves == 1:
         # rewards are normalised among the leaves of a prompt: a single leaf is always 0
         raise ValueError(
@@ -76,8 +74,12 @@ def check_settings(
         )
     if limits is not None:
         limits.check(tree)  # its message names --model.rollout.max_leaves
-    for name, value in (("minibatches", minibatches), ("accumulate", accumulate), ("inner_epochs", inner_epochs),
-                        ("val_samples", val_samples)):  # fmt: skip
+    for name, value in (
+        ("minibatches", minibatches),
+        ("accumulate", accumulate),
+        ("inner_epochs", inner_epochs),
+        ("val_samples", val_samples),
+    ):
         if value < 1:
             raise ValueError(f"{prefix}{name} must be >= 1, got {value}")
     if grad_clip is not None and grad_clip <= 0:

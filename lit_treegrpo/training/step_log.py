@@ -128,8 +128,12 @@ def step_outputs(
     prompts and images [L', 3, H, W] of the prompts that trained (all ``L`` leaves, without a copy
     of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's prompt index."""
     if not screened.dropped.any():
-        return {"rewards": scored.rewards.detach(), "reward_components": scored.components,
-                "leaf_prompts": leaf_prompts, "images": images}  # fmt: skip
+        return {
+            "rewards": scored.rewards.detach(),
+            "reward_components": scored.components,
+            "leaf_prompts": leaf_prompts,
+            "images": images,
+        }
     kept = screened.kept_leaves(leaf_prompt)  # [L]
     return {
         "rewards": scored.rewards.detach()[kept],

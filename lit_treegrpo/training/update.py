@@ -99,8 +99,9 @@ class PolicyUpdate:
             self.training_guard.announce(max(parents))
         return chunks
 
-    def _split_backward(self, optimizer: Any, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor,
-                        chunks: int, last: bool) -> tuple[Tensor, LossOutput, Compute]:  # fmt: skip
+    def _split_backward(
+        self, optimizer: Any, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor, chunks: int, last: bool
+    ) -> tuple[Tensor, LossOutput, Compute]:
         """One micro-batch as ``chunks`` forwards and backward passes of whole parents (gradients
         accumulated, synchronised after the last one only when ``last``): the same gradient as one
         pass up to float rounding, because the loss is a mean over parents (each parent's children
@@ -119,7 +120,9 @@ class PolicyUpdate:
                 share = parents[j] / total_parents
                 self.manual_backward(loss * share / self.accumulate)
             weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
-            combined = [total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)]
+            combined = [
+                total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)
+            ]
             forwards = forwards + n
         stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
         return stats.loss, stats, forwards
@@ -144,7 +147,18 @@ class PolicyUpdate:
             return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), Compute()
         kl = self.loss_fn.kl_beta > 0
         # [B] |dt| of each edge's step, which only Flow-GRPO's KL form uses (a flow adapter: checked in __init__)
-        step_size = self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
-        out, forwards = edge_loss(self.loss_fn, self.adapter.predict, self.adapter.step, tree, edges, cond, advantages,
-                                  reference=self.adapter.reference if kl else None, step_size=step_size)  # fmt: skip
+        step_size = (
+            self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
+        )
+        out, forwards = edge_loss(
+            self.loss_fn,
+            self.adapter.predict,
+            self.adapter.step,
+            tree,
+            edges,
+            cond,
+            advantages,
+            reference=self.adapter.reference if kl else None,
+            step_size=step_size,
+        )
         return out.loss, LossOutput(*(value.detach() for value in out)), forwards

@@ -60,13 +60,18 @@ def test_the_training_estimate_follows_the_measured_peak_per_parent(checkpointin
 
     from lit_treegrpo.core.memory import training_memory as estimate
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.training.memory_probe import probe_training
     from lit_treegrpo.models.tiny import TinySD3Adapter
+    from lit_treegrpo.training.memory_probe import probe_training
 
     adapter = TinySD3Adapter(num_steps=3, guidance_scale=1.0, gradient_checkpointing=checkpointing)
-    saved = probe_training(adapter, TreeSpec(3, branch_steps=(0,), branching=2), adapter.encode_prompts(["a"]),
-                           adapter.initial_noise(1, torch.Generator().manual_seed(0)))  # fmt: skip
-    per_parent = estimate(saved, checkpointing=checkpointing, trainable_bytes=0, optimizer_state_bytes=0,
-                          held_bytes=0).per_parent  # fmt: skip
+    saved = probe_training(
+        adapter,
+        TreeSpec(3, branch_steps=(0,), branching=2),
+        adapter.encode_prompts(["a"]),
+        adapter.initial_noise(1, torch.Generator().manual_seed(0)),
+    )
+    per_parent = estimate(
+        saved, checkpointing=checkpointing, trainable_bytes=0, optimizer_state_bytes=0, held_bytes=0
+    ).per_parent
     slope = (training_memory.measure(adapter, 4, 2) - training_memory.measure(adapter, 1, 2)) / 3
     assert 0.85 * slope < per_parent < 1.5 * slope, (per_parent, slope)

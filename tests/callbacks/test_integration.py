@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
 from lit_treegrpo.callbacks import EMA, PruningSchedule, RewardMetrics, SampleGridLogger
 from lit_treegrpo.callbacks.sample_grid import to_uint8_hwc
-
 from lit_treegrpo.core.pruning import PruningConfig
 
 from .helpers import LEAVES_PER_PROMPT, TRAIN_PROMPTS, VAL_PROMPTS, StandIn, events, prompt_loader, same, trainer

@@ -66,8 +66,16 @@ def data() -> PromptDataModule:
 
 
 def trainer(root: Path, max_steps: int, **kwargs) -> L.Trainer:
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, limit_val_batches=0, default_root_dir=root, **kwargs)  # fmt: skip
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=root,
+        **kwargs,
+    )
 
 
 def main(folder: str) -> None:

@@ -117,18 +117,25 @@ def test_ckpt_path_last_without_a_checkpoint_fails_clearly(tmp_path: Path) -> No
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)
+    )
     assert message in line, line
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (["--model.tree.branching", "3"], "error: --model.tree.branching: the checkpoint {ckpt} was trained with 2, this run has 3; "
-         "resume with 2, or start a new run (--overwrite true or another --trainer.default_root_dir)"),
-        (["--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4"],
-         "error: --model.adapter: the checkpoint {ckpt} was trained with TinySD3Adapter, this run has TinySD15Adapter; "
-         "resume with TinySD3Adapter"),
+        (
+            ["--model.tree.branching", "3"],
+            "error: --model.tree.branching: the checkpoint {ckpt} was trained with 2, this run has 3; "
+            "resume with 2, or start a new run (--overwrite true or another --trainer.default_root_dir)",
+        ),
+        (
+            ["--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4"],
+            "error: --model.adapter: the checkpoint {ckpt} was trained with TinySD3Adapter, this run has TinySD15Adapter; "
+            "resume with TinySD3Adapter",
+        ),
     ],
 )
 def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, change, message) -> None:
@@ -139,7 +146,18 @@ def test_resuming_with_another_tree_or_model_is_refused(tmp_path: Path, capsys, 
     before = snapshot(tmp_path)
     message = message.format(ckpt=tmp_path / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit) as exit_info:
-        main([*base, "--trainer.max_steps", "2", "--ckpt_path", "last", *change, "--trainer.default_root_dir", str(tmp_path)])
+        main(
+            [
+                *base,
+                "--trainer.max_steps",
+                "2",
+                "--ckpt_path",
+                "last",
+                *change,
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     # refused (before the model loads: the resume rules, docs/configs.md): no config record, event file or lock left behind
@@ -195,24 +213,49 @@ BAD_YAML = """model:
     [
         (["--model.nope", "1"], "--model.nope: no such option; --model takes accumulate, adapter, advantage"),
         (["--model.tree.branchng", "3"], "--model.tree.branchng: no such option; did you mean --model.tree.branching?"),
-        (["--model.tree.max_batch", "4"], "--model.tree.max_batch: this option moved to --model.rollout.max_batch; rename it there"),
-        (["--model.shared_noise", "true"], "--model.shared_noise: this option moved to --model.tree.shared_noise; rename it there"),
+        (
+            ["--model.tree.max_batch", "4"],
+            "--model.tree.max_batch: this option moved to --model.rollout.max_batch; rename it there",
+        ),
+        (
+            ["--model.shared_noise", "true"],
+            "--model.shared_noise: this option moved to --model.tree.shared_noise; rename it there",
+        ),
         (["--trainer.max_step", "3"], "--trainer.max_step: no such option; did you mean --trainer.max_steps?"),
-        (["--config", "BAD_YAML"], "--model.tree.branchin (a command-line option or a config key): no such option; did you mean --model.tree.branching?"),
+        (
+            ["--config", "BAD_YAML"],
+            "--model.tree.branchin (a command-line option or a config key): no such option; did you mean --model.tree.branching?",
+        ),
         (["--model.minibatches", "abc"], "--model.minibatches: expected int, got 'abc'; fix the value"),
         (["--model.tree.branching", "two"], "--model.tree.branching: 'two' is none of int, tuple[int, ...]"),
-        (["--model.advantage.method", "median"], "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?"),
-        (["--model.adapter.init_args.num_step", "4"], "--model.adapter.init_args.num_step: lit_treegrpo.models.tiny.TinySD3Adapter takes no option 'num_step'; did you mean num_steps?"),
+        (
+            ["--model.advantage.method", "median"],
+            "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?",
+        ),
+        (
+            ["--model.adapter.init_args.num_step", "4"],
+            "--model.adapter.init_args.num_step: lit_treegrpo.models.tiny.TinySD3Adapter takes no option 'num_step'; did you mean num_steps?",
+        ),
         (["--model.faults.nonfinite", "skp"], "got 'skp'; did you mean skip?"),
-        (["--model.optimizer.lr", "nan"], "--model.optimizer.init_args.lr: 'nan' is none of float, Tensor; fix the value"),
-        (["--model.adapter.init_args.noise_level", "nan"], "--model.adapter.init_args.noise_level: expected float, got 'nan'; fix the value"),
+        (
+            ["--model.optimizer.lr", "nan"],
+            "--model.optimizer.init_args.lr: 'nan' is none of float, Tensor; fix the value",
+        ),
+        (
+            ["--model.adapter.init_args.noise_level", "nan"],
+            "--model.adapter.init_args.noise_level: expected float, got 'nan'; fix the value",
+        ),
     ],
 )
-def test_parse_errors_are_one_line_naming_the_option_and_the_fix(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
+def test_parse_errors_are_one_line_naming_the_option_and_the_fix(
+    tmp_path: Path, capsys, monkeypatch, no_model, args, message
+) -> None:
     if "BAD_YAML" in args:
         (tmp_path / "bad.yaml").write_text(BAD_YAML)
         args = [str(tmp_path / "bad.yaml") if a == "BAD_YAML" else a for a in args]
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)
+    )
     assert message in line, line
     assert "`python -m lit_treegrpo fit --help` lists every option" in line
 
@@ -230,10 +273,14 @@ def test_the_debug_switch_shows_the_traceback(tmp_path: Path, monkeypatch, no_mo
 def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     result = run_cli("fit", "--config", str(TINY), *QUIET, "--model.tree.branchng", "3", root=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: --model.tree.branchng: no such option; did you mean --model.tree.branching?"
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: --model.tree.branchng: no such option; did you mean --model.tree.branching?")
     ), result.stderr[-2000:]
-    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == result.stderr.strip().splitlines()[-1:]
+    assert [
+        line for line in result.stderr.splitlines() if line.startswith("error:")
+    ] == result.stderr.strip().splitlines()[-1:]
     assert "usage:" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -248,35 +295,70 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
         (["--model.grad_clip", "0"], "--model.grad_clip must be > 0 or null"),
         (["--model.advantage.clip", "-1"], "--model.advantage: advantage.clip must be > 0 or null"),
         (["--model.pruning.ratio", "2"], "--model.pruning: pruning.ratio must be in (0, 1]"),
-        (["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.clip_range", "0"], "--model.loss: loss.clip_range must be > 0"),
-        (["--model.loss.kl_beta", "0.1", "--model.adapter.init_args.lora", "null"], "--model.loss.kl_beta > 0 needs the adapter's lora"),
+        (
+            ["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.clip_range", "0"],
+            "--model.loss: loss.clip_range must be > 0",
+        ),
+        (
+            ["--model.loss.kl_beta", "0.1", "--model.adapter.init_args.lora", "null"],
+            "--model.loss.kl_beta > 0 needs the adapter's lora",
+        ),
         (["--model.faults.max_consecutive_skips", "0"], "--model.faults: faults.max_consecutive_skips must be >= 1"),
         (["--model.memory_guard.fraction", "1.5"], "--model.memory_guard: memory_guard.fraction must be in (0, 1]"),
-        (["--model.reward", "{hps: 0.5, nope: 0.5}"], "--model.reward: unknown reward 'nope'; known rewards: aesthetic,"),
-        (["--model.reward_kwargs", "{hps: {}}"], "--model.reward: reward_kwargs names ['hps'], which are not among the rewards ['brightness']"),
-        (["--data.prompts", "/no/such/prompts.txt"], "--data.prompts: '/no/such/prompts.txt' is neither a file nor a built-in prompt set"),
+        (
+            ["--model.reward", "{hps: 0.5, nope: 0.5}"],
+            "--model.reward: unknown reward 'nope'; known rewards: aesthetic,",
+        ),
+        (
+            ["--model.reward_kwargs", "{hps: {}}"],
+            "--model.reward: reward_kwargs names ['hps'], which are not among the rewards ['brightness']",
+        ),
+        (
+            ["--data.prompts", "/no/such/prompts.txt"],
+            "--data.prompts: '/no/such/prompts.txt' is neither a file nor a built-in prompt set",
+        ),
         (["--data.batch_size", "0"], "--data.batch_size must be >= 1, got 0"),
-        (["--data.global_batch_size", "3", "--trainer.devices", "2", "--trainer.strategy", "ddp"],
-         "--data.global_batch_size 3 is not divisible by the 2 data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of 2 (2 or 4)"),
+        (
+            ["--data.global_batch_size", "3", "--trainer.devices", "2", "--trainer.strategy", "ddp"],
+            "--data.global_batch_size 3 is not divisible by the 2 data-parallel processes (--trainer.devices x --trainer.num_nodes); use a multiple of 2 (2 or 4)",
+        ),
         (["--data.global_batch_size", "4"], "--data.batch_size 2 and --data.global_batch_size 4 disagree"),
         (["--ckpt_path", "last"], "--ckpt_path last: no checkpoint at"),
         (["--ckpt_path", ""], "--ckpt_path: empty; give a checkpoint file, or last, or leave the option out"),
-        (["--data.batch_size", "100000000"], "--data.batch_size 100000000 asks for 100000000 prompts per training step, but "
-         "'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less"),
-        (["--model.optimizer.lr", ".nan"], "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a number"),
-        (["--model.tree.branching", "1"], "--model.tree has one leaf per prompt (num_trees 1, branching 1), so every "
-         "advantage would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"),
-        (["--model.reward", "{brightness: 0, shapes: 0}"], "--model.reward: reward {'brightness': 0.0, 'shapes': 0.0}: every reward "
-         "weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"),
+        (
+            ["--data.batch_size", "100000000"],
+            "--data.batch_size 100000000 asks for 100000000 prompts per training step, but "
+            "'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less",
+        ),
+        (
+            ["--model.optimizer.lr", ".nan"],
+            "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a number",
+        ),
+        (
+            ["--model.tree.branching", "1"],
+            "--model.tree has one leaf per prompt (num_trees 1, branching 1), so every "
+            "advantage would be 0 and nothing would train; give branching >= 2 or num_trees >= 2",
+        ),
+        (
+            ["--model.reward", "{brightness: 0, shapes: 0}"],
+            "--model.reward: reward {'brightness': 0.0, 'shapes': 0.0}: every reward "
+            "weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight",
+        ),
     ],
 )
-def test_model_free_errors_come_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, args, message) -> None:
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+def test_model_free_errors_come_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model, args, message
+) -> None:
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)
+    )
     assert message in line, line
 
 
 @pytest.mark.parametrize("how", ["last", "path"])
-def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, how) -> None:
+def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model, how
+) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     if how == "last":  # a last.ckpt cut short (a full disk, a kill during a non-atomic write)
@@ -290,7 +372,9 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(tmp_
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--ckpt_path", given,
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
-    assert f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+    assert (
+        f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+    )
 
 
 class Opaque:
@@ -304,7 +388,8 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
         root = tmp_path / "file" / "run"
         return ["--trainer.default_root_dir", str(root)], (
             f"--trainer.default_root_dir: cannot create or lock {root}: {root}: Not a directory (ENOTDIR); a part of "
-            "that path is a file, not a folder; move the file or choose another path")
+            "that path is a file, not a folder; move the file or choose another path"
+        )
     if kind == "YAML syntax":
         bad = tmp_path / "broken.yaml"
         bad.write_text("model:\n  tree: [\n")
@@ -313,26 +398,48 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
         (tmp_path / "old" / "checkpoints").mkdir(parents=True)
         (tmp_path / "old" / "checkpoints" / "last.ckpt").write_bytes(b"")
         return ["--ckpt_path", str(tmp_path / "old")], (
-            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {tmp_path / 'old' / 'checkpoints' / 'last.ckpt'}, or last")
+            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {tmp_path / 'old' / 'checkpoints' / 'last.ckpt'}, or last"
+        )
     path = tmp_path / "other.ckpt"
     if kind == "torch file, no Lightning checkpoint":
         torch.save({"w": torch.zeros(3)}, path)
         return ["--ckpt_path", str(path)], (
             f"--ckpt_path: {path} is a torch file but no Lightning checkpoint (it holds the keys 'w', not 'state_dict' and "
-            "'pytorch-lightning_version'); pass a checkpoint written by fit")
+            "'pytorch-lightning_version'); pass a checkpoint written by fit"
+        )
     assert kind == "unpickling refused"
     torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "extra": Opaque()}, path)
     return ["--ckpt_path", str(path)], (
         f"--ckpt_path: {path} holds objects that the safe unpickler refuses (the global tests.cli.test_cli.Opaque); it was "
-        "not written by this project's fit and may be hostile, so it is not loaded")
+        "not written by this project's fit and may be hostile, so it is not loaded"
+    )
 
 
 @pytest.mark.parametrize(
-    "kind", ["root dir below a file", "YAML syntax", "checkpoint folder", "torch file, no Lightning checkpoint", "unpickling refused"]
+    "kind",
+    [
+        "root dir below a file",
+        "YAML syntax",
+        "checkpoint folder",
+        "torch file, no Lightning checkpoint",
+        "unpickling refused",
+    ],
 )
-def test_file_errors_are_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model, kind: str) -> None:
+def test_file_errors_are_one_line_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model, kind: str
+) -> None:
     args, message = _bad_input(kind, tmp_path)
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path / "run"), *args)
+    line = _main_error(
+        monkeypatch,
+        capsys,
+        "fit",
+        "--config",
+        str(TINY),
+        *QUIET,
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        *args,
+    )
     assert line.startswith(f"error: {message}"), line
     if kind == "YAML syntax":
         assert line.endswith("at line 3, column 1; fix the file  (set LIT_TREEGRPO_DEBUG=1 for the traceback)"), line
@@ -345,16 +452,27 @@ def _full_disk(obj: Any, f: Any) -> None:
 @pytest.mark.parametrize(
     ("kind", "args", "message"),
     [
-        ("Lightning's MisconfigurationException", ["--trainer.profiler", "nope"],
-         "error: the trainer's settings (--trainer.*): When passing string value for the `profiler` parameter of `Trainer`, it can only be one of"),
-        ("a model not in the hub cache, offline", ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
-         "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read"),
-        ("a full disk during the save", ["--trainer.max_steps", "1"],
-         "error: cannot write the checkpoint ROOT/checkpoints/last.ckpt: No space left on device (ENOSPC); free space on that disk"),
+        (
+            "Lightning's MisconfigurationException",
+            ["--trainer.profiler", "nope"],
+            "error: the trainer's settings (--trainer.*): When passing string value for the `profiler` parameter of `Trainer`, it can only be one of",
+        ),
+        (
+            "a model not in the hub cache, offline",
+            ["--model.reward", "clip_score", "--model.reward_kwargs", "{clip_score: {model: nobody/no-such-clip}}"],
+            "error: cannot load CLIPScore model from 'nobody/no-such-clip': not a local path, and the hub copy could not be read",
+        ),
+        (
+            "a full disk during the save",
+            ["--trainer.max_steps", "1"],
+            "error: cannot write the checkpoint ROOT/checkpoints/last.ckpt: No space left on device (ENOSPC); free space on that disk",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and " " in v else "",
 )
-def test_environment_errors_are_one_line_with_status_2(tmp_path: Path, capsys, monkeypatch, kind: str, args: list[str], message: str) -> None:
+def test_environment_errors_are_one_line_with_status_2(
+    tmp_path: Path, capsys, monkeypatch, kind: str, args: list[str], message: str
+) -> None:
     if kind == "a full disk during the save":
         monkeypatch.setattr(torch, "save", _full_disk)
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0",
@@ -364,8 +482,12 @@ def test_environment_errors_are_one_line_with_status_2(tmp_path: Path, capsys, m
 
 def test_predict_into_a_file_where_its_folder_goes_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     (tmp_path / "predictions").write_text("not a folder")
-    line = _main_error(monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
-    assert line.startswith(f"error: {tmp_path / 'predictions'}: File exists (EEXIST); something is already there; move it"), line
+    line = _main_error(
+        monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
+    )
+    assert line.startswith(
+        f"error: {tmp_path / 'predictions'}: File exists (EEXIST); something is already there; move it"
+    ), line
 
 
 def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
@@ -395,23 +517,32 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
 def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.training.memory_probe import probe_training
     from lit_treegrpo.models.tiny import TinySD3Adapter
+    from lit_treegrpo.training.memory_probe import probe_training
 
     # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent
     # of the training pass (AdamW's two moments to come) does not
-    adapter, spec = TinySD3Adapter(seed=0, num_steps=4, guidance_scale=1.0), TreeSpec(4, branch_steps=(0, 1), branching=2)
+    adapter, spec = (
+        TinySD3Adapter(seed=0, num_steps=4, guidance_scale=1.0),
+        TreeSpec(4, branch_steps=(0, 1), branching=2),
+    )
     cond = adapter.encode_prompts(["a red circle"])
     noise = adapter.initial_noise(1, torch.Generator().manual_seed(0))
     trainable = sum(p.numel() * p.element_size() for p in adapter.trainable_parameters())
-    one = training_memory(probe_training(adapter, spec, cond, noise), checkpointing=False, trainable_bytes=trainable,
-                          optimizer_state_bytes=2 * trainable,
-                          held_bytes=held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond))).total(1)  # fmt: skip
+    one = training_memory(
+        probe_training(adapter, spec, cond, noise),
+        checkpointing=False,
+        trainable_bytes=trainable,
+        optimizer_state_bytes=2 * trainable,
+        held_bytes=held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond)),
+    ).total(1)
     budget = (one - 1000) / 0.9
     assert rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond)).total < budget * 0.9
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb",
                        str(budget / 1e9), "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
-    assert line.startswith("error: memory guard: the training pass cannot fit even one parent per forward: it needs about "), line
+    assert line.startswith(
+        "error: memory guard: the training pass cannot fit even one parent per forward: it needs about "
+    ), line
     assert "turn on --model.adapter.init_args.gradient_checkpointing" in line and "lower --data.batch_size" in line
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
 
@@ -431,19 +562,27 @@ def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Pa
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model.reward", '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0]}}'],
-         "error: reward 'flaky' gave non-finite scores for 4 of 8 images (indices [0, 1, 2, 3], prompts ['a "),
-        (["--model.loss", "tests.training.test_module._NaNLossAt", "--model.loss.at", "[0]"],
-         "error: non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken (set --model.faults.nonfinite skip"),
+        (
+            ["--model.reward", '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0]}}'],
+            "error: reward 'flaky' gave non-finite scores for 4 of 8 images (indices [0, 1, 2, 3], prompts ['a ",
+        ),
+        (
+            ["--model.loss", "tests.training.test_module._NaNLossAt", "--model.loss.at", "[0]"],
+            "error: non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken (set --model.faults.nonfinite skip",
+        ),
     ],
 )
-def test_a_numerical_fault_under_the_error_policy_is_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
+def test_a_numerical_fault_under_the_error_policy_is_one_line_and_status_1(
+    tmp_path: Path, capsys, monkeypatch, args, message
+) -> None:
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.callbacks=[]",
                        "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
     assert line.startswith(message), line
 
 
-def test_a_reward_whose_extra_is_not_installed_is_refused_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+def test_a_reward_whose_extra_is_not_installed_is_refused_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
     monkeypatch.setitem(sys.modules, "ImageReward", None)  # `import ImageReward` fails, installed or not
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", "image_reward",
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
@@ -583,8 +722,10 @@ def test_tiny_config_reward_rises_over_30_steps(tmp_path: Path, seed: int) -> No
     assert last > first + 2e-3, (first, last)
 
 
-FSDP2 = ('{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": '
-         '{"data_parallel_size": 2, "tensor_parallel_size": 1, "save_distributed_checkpoint": false}}')  # fmt: skip
+FSDP2 = (
+    '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": '
+    '{"data_parallel_size": 2, "tensor_parallel_size": 1, "save_distributed_checkpoint": false}}'
+)
 
 
 @pytest.mark.slow
@@ -654,12 +795,16 @@ def _interrupt_and_resume(root: Path, reference: Path, signum: int, phase: str) 
 
 @pytest.mark.slow  # real processes killed and resumed: minutes on 2 cores
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path, signum) -> None:
+def test_a_signal_during_the_rollout_saves_the_step_and_resume_loses_nothing(
+    tmp_path: Path, uninterrupted: Path, signum
+) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signum, "rollout")
 
 
 @pytest.mark.slow  # real processes killed and resumed: minutes on 2 cores
-def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(tmp_path: Path, uninterrupted: Path) -> None:
+def test_sigterm_during_the_training_pass_saves_the_step_and_resume_loses_nothing(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
     _interrupt_and_resume(tmp_path, uninterrupted, signal.SIGTERM, "training")
 
 
@@ -669,7 +814,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("command", ["validate", "test"])
-def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(tmp_path: Path, capsys, monkeypatch, command: str) -> None:
+def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(
+    tmp_path: Path, capsys, monkeypatch, command: str
+) -> None:
     # the README's `validate --config ...` runs in the fit's own folder: a checkpoint written on
     # its interrupt would replace the trained last.ckpt with the untrained weights
     from lit_treegrpo.cli import main
@@ -687,7 +834,9 @@ def test_sigterm_during_validate_or_test_leaves_the_run_folder_untouched(tmp_pat
     assert snapshot(root) == before
 
 
-def test_sigterm_during_predict_stops_before_the_next_batch_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_sigterm_during_predict_stops_before_the_next_batch_and_writes_nothing(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     # Lightning's predict loop never looks at SIGTERM: without CheckpointOnInterrupt's check it
     # would predict every prompt and exit 0
     root = tmp_path / "run"

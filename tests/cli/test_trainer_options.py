@@ -30,7 +30,10 @@ ACCEPTED = {
     ("min_epochs", "0"): "no minimum",
     ("min_steps", "0"): "no minimum",
     ("limit_val_batches", "0"): "no validation during the fit: Lightning's way to turn it off",
-    ("limit_test_batches", "0"): "read by test only, which refuses 0 (test_a_command_refuses_a_limit_that_runs_no_batch)",
+    (
+        "limit_test_batches",
+        "0",
+    ): "read by test only, which refuses 0 (test_a_command_refuses_a_limit_that_runs_no_batch)",
     ("limit_predict_batches", "0"): "read by predict only, which refuses 0 (same test)",
     ("overfit_batches", "0"): "off, the default",
     ("num_sanity_val_steps", "0"): "no sanity check before training",
@@ -79,21 +82,43 @@ def _check(parser, tmp_path: Path, *args: str, subcommand: str = "fit") -> None:
 def _numeric_trainer_options(parser) -> list[str]:
     fit = parser._subcommands_action._name_parser_map["fit"]
     return [
-        a.dest.removeprefix("trainer.") for a in fit._actions
+        a.dest.removeprefix("trainer.")
+        for a in fit._actions
         if a.dest.startswith("trainer.") and not a.dest.endswith(".help") and _numeric(getattr(a, "_typehint", None))
-    ]  # fmt: skip
+    ]
 
 
 def test_the_walk_covers_the_trainers_numeric_options(parser) -> None:
     found = set(_numeric_trainer_options(parser))
-    expected = {"num_nodes", "devices", "precision", "fast_dev_run", "max_epochs", "min_epochs", "max_steps", "min_steps",
-                "max_time", "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                "overfit_batches", "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps",
-                "log_every_n_steps", "accumulate_grad_batches", "gradient_clip_val", "reload_dataloaders_every_n_epochs"}  # fmt: skip
+    expected = {
+        "num_nodes",
+        "devices",
+        "precision",
+        "fast_dev_run",
+        "max_epochs",
+        "min_epochs",
+        "max_steps",
+        "min_steps",
+        "max_time",
+        "limit_train_batches",
+        "limit_val_batches",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "overfit_batches",
+        "val_check_interval",
+        "check_val_every_n_epoch",
+        "num_sanity_val_steps",
+        "log_every_n_steps",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "reload_dataloaders_every_n_epochs",
+    }
     assert expected <= found, expected - found
 
 
-def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_documents_why_not(parser, tmp_path: Path) -> None:
+def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_documents_why_not(
+    parser, tmp_path: Path
+) -> None:
     from lightning.pytorch import Trainer
 
     seen, slowest = [], 0.0
@@ -111,7 +136,9 @@ def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_document
             else:
                 assert (name, value) in ACCEPTED, f"--trainer.{name} {value} was accepted without a documented reason"
                 # ... and Lightning's Trainer takes it as it is parsed
-                parsed = parser.parse_args(["fit", "--config", str(TINY), f"--trainer.{name}", value])["fit"]["trainer"][name]
+                parsed = parser.parse_args(["fit", "--config", str(TINY), f"--trainer.{name}", value])["fit"][
+                    "trainer"
+                ][name]
                 Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, **{name: parsed})
             slowest = max(slowest, time.perf_counter() - start)
     assert len(seen) >= 80, len(seen)
@@ -128,15 +155,33 @@ def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_document
         (["--trainer.max_time", "{hours: -1}"], "--trainer.max_time {'hours': -1}: a negative or non-numeric part"),
         (["--trainer.max_time", "{hour: 1}"], "--trainer.max_time {'hour': 1}: 'hour' is no unit of a duration"),
         (["--trainer.val_check_interval", "00:00:00:00"], "--trainer.val_check_interval 00:00:00:00: a zero duration"),
-        (["--trainer.val_check_interval", "1.5"], "--trainer.val_check_interval 1.5: give the training steps between validations"),
-        (["--trainer.val_check_interval", "0.5"], "--trainer.val_check_interval 0.5: a fraction of an epoch needs --trainer.check_val_every_n_epoch"),
-        (["--trainer.limit_val_batches", "1.5"], "--trainer.limit_val_batches must be a fraction of the batches in [0.0, 1.0] or a whole number"),
+        (
+            ["--trainer.val_check_interval", "1.5"],
+            "--trainer.val_check_interval 1.5: give the training steps between validations",
+        ),
+        (
+            ["--trainer.val_check_interval", "0.5"],
+            "--trainer.val_check_interval 0.5: a fraction of an epoch needs --trainer.check_val_every_n_epoch",
+        ),
+        (
+            ["--trainer.limit_val_batches", "1.5"],
+            "--trainer.limit_val_batches must be a fraction of the batches in [0.0, 1.0] or a whole number",
+        ),
         (["--trainer.limit_train_batches", "0"], "--trainer.limit_train_batches 0: fit would run no batch"),
         (["--trainer.max_steps", "0"], "--trainer.max_steps 0: the fit would train nothing"),
         (["--trainer.log_every_n_steps", "0"], "--trainer.log_every_n_steps 0: the run would log nothing"),
-        (["--trainer.accumulate_grad_batches", "2"], "--trainer.accumulate_grad_batches 2: this module steps its optimizer itself"),
-        (["--trainer.gradient_clip_val", "0.5"], "--trainer.gradient_clip_val 0.5: this module clips its own gradients"),
-        (["--trainer.gradient_clip_algorithm", "value"], "--trainer.gradient_clip_algorithm value: this module clips its own gradients"),
+        (
+            ["--trainer.accumulate_grad_batches", "2"],
+            "--trainer.accumulate_grad_batches 2: this module steps its optimizer itself",
+        ),
+        (
+            ["--trainer.gradient_clip_val", "0.5"],
+            "--trainer.gradient_clip_val 0.5: this module clips its own gradients",
+        ),
+        (
+            ["--trainer.gradient_clip_algorithm", "value"],
+            "--trainer.gradient_clip_algorithm value: this module clips its own gradients",
+        ),
         (["--trainer.devices", "-1"], "--trainer.devices -1: -1 (every device) selects GPUs, this run is on the CPU"),
         (["--trainer.devices", "0,1"], "--trainer.devices 0,1: device indices select GPUs, this run is on the CPU"),
         (["--trainer.devices", "[]"], "--trainer.devices []: device indices are whole numbers >= 0, at least one"),
@@ -144,7 +189,9 @@ def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_document
         (["--trainer.default_root_dir", "FILE"], "--trainer.default_root_dir FILE: is a file; give a folder"),
     ],
 )
-def test_trainer_durations_intervals_devices_and_paths_are_refused_in_one_line(parser, tmp_path: Path, args, message) -> None:
+def test_trainer_durations_intervals_devices_and_paths_are_refused_in_one_line(
+    parser, tmp_path: Path, args, message
+) -> None:
     (tmp_path / "file").write_text("not a folder")
     args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
     with pytest.raises(UserError) as refused:
@@ -158,7 +205,9 @@ def test_trainer_durations_intervals_devices_and_paths_are_refused_in_one_line(p
     [("validate", "limit_val_batches"), ("test", "limit_test_batches"), ("predict", "limit_predict_batches")],
 )
 def test_a_command_refuses_a_limit_that_runs_no_batch(parser, tmp_path: Path, subcommand: str, option: str) -> None:
-    with pytest.raises(UserError, match=rf"^--trainer.{option} 0: {subcommand} would run no batch; give a number of batches"):
+    with pytest.raises(
+        UserError, match=rf"^--trainer.{option} 0: {subcommand} would run no batch; give a number of batches"
+    ):
         _check(parser, tmp_path, f"--trainer.{option}", "0", subcommand=subcommand)
     _check(parser, tmp_path, "--trainer.limit_train_batches", "0", subcommand=subcommand)  # not read by this command
 
@@ -173,7 +222,10 @@ OPTIMIZER_CASES = {
     ("weight_decay", "-1"): "--model.optimizer.init_args.weight_decay must be >= 0, got -1.0",
     ("weight_decay", "nan"): "--model.optimizer.init_args.weight_decay: expected float, got 'nan'; fix the value",
     ("weight_decay", "abc"): "--model.optimizer.init_args.weight_decay: expected float, got 'abc'; fix the value",
-    ("eps", "0"): "--model.optimizer.init_args.eps must be > 0 (it keeps an update finite where a gradient is 0), got 0.0",
+    (
+        "eps",
+        "0",
+    ): "--model.optimizer.init_args.eps must be > 0 (it keeps an update finite where a gradient is 0), got 0.0",
     ("eps", "-1"): "--model.optimizer.init_args.eps must be > 0",
     ("eps", ".nan"): "--model.optimizer.init_args.eps: nan is not a value any option accepts",
     ("betas", "[0.9, 1.5]"): "--model.optimizer.init_args.betas[1] must be in [0, 1), got 1.5",
@@ -195,20 +247,38 @@ def test_other_optimizers_are_checked_by_torch_and_the_message_names_the_argumen
     with pytest.raises(UserError, match=r"^--model.optimizer.init_args.momentum must be >= 0, got -0.5$"):
         _check(parser, tmp_path, *sgd, "--model.optimizer.init_args.momentum", "-0.5")
     # no rule of ours: torch's own check of the built optimizer, attributed to the argument it names
-    with pytest.raises(UserError, match=r"^--model.optimizer.init_args.momentum: torch.optim.SGD refuses it: Nesterov momentum"):
+    with pytest.raises(
+        UserError, match=r"^--model.optimizer.init_args.momentum: torch.optim.SGD refuses it: Nesterov momentum"
+    ):
         _check(parser, tmp_path, *sgd, "--model.optimizer.init_args.nesterov", "true")
-    _check(parser, tmp_path, *sgd, "--model.optimizer.init_args.momentum", "0.9", "--model.optimizer.init_args.nesterov", "true")
+    _check(
+        parser,
+        tmp_path,
+        *sgd,
+        "--model.optimizer.init_args.momentum",
+        "0.9",
+        "--model.optimizer.init_args.nesterov",
+        "true",
+    )
     _check(parser, tmp_path, "--model.optimizer.init_args.weight_decay", "0")  # accepted: no decay
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ("{brightness: {nope: 1}}", "--model.reward_kwargs.brightness.nope: reward 'brightness' takes no argument 'nope'; it takes target, max_batch"),
-        ("{brightness: {targt: 0.5}}", "--model.reward_kwargs.brightness.targt: reward 'brightness' takes no argument 'targt'; did you mean target?"),
+        (
+            "{brightness: {nope: 1}}",
+            "--model.reward_kwargs.brightness.nope: reward 'brightness' takes no argument 'nope'; it takes target, max_batch",
+        ),
+        (
+            "{brightness: {targt: 0.5}}",
+            "--model.reward_kwargs.brightness.targt: reward 'brightness' takes no argument 'targt'; did you mean target?",
+        ),
     ],
 )
-def test_unknown_reward_loader_arguments_are_refused_naming_them(parser, tmp_path: Path, kwargs: str, message: str) -> None:
+def test_unknown_reward_loader_arguments_are_refused_naming_them(
+    parser, tmp_path: Path, kwargs: str, message: str
+) -> None:
     with pytest.raises(UserError) as refused:
         _check(parser, tmp_path, "--model.reward_kwargs", kwargs)
     assert str(refused.value).startswith(message), str(refused.value)
@@ -224,13 +294,24 @@ def test_a_reward_loader_argument_that_is_needed_and_missing_is_refused(parser, 
     ("args", "message"),
     [
         (["--trainer.max_time", "abc"], "error: --trainer.max_time 'abc': not a duration"),
-        (["--trainer.devices", "-1"], "error: --trainer.devices -1: -1 (every device) selects GPUs, this run is on the CPU"),
-        (["--model.optimizer.init_args.lr", "-1"], "error: --model.optimizer.init_args.lr must be > 0 (0 trains nothing), got -1.0"),
-        (["--model.reward_kwargs", "{brightness: {nope: 1}}"], "error: --model.reward_kwargs.brightness.nope: reward 'brightness' takes no argument"),
+        (
+            ["--trainer.devices", "-1"],
+            "error: --trainer.devices -1: -1 (every device) selects GPUs, this run is on the CPU",
+        ),
+        (
+            ["--model.optimizer.init_args.lr", "-1"],
+            "error: --model.optimizer.init_args.lr must be > 0 (0 trains nothing), got -1.0",
+        ),
+        (
+            ["--model.reward_kwargs", "{brightness: {nope: 1}}"],
+            "error: --model.reward_kwargs.brightness.nope: reward 'brightness' takes no argument",
+        ),
     ],
 )
 def test_through_the_command_line_the_refusal_is_one_line_and_status_2_before_any_model_loads(
     tmp_path: Path, capsys, monkeypatch, no_model, args, message
 ) -> None:
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path))
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)
+    )
     assert line.startswith(message), line

@@ -36,7 +36,9 @@ def no_network(monkeypatch) -> None:
 
 def test_an_uncached_hub_id_without_network_fails_in_seconds_naming_it(no_network) -> None:
     start = time.perf_counter()
-    with pytest.raises(FileNotFoundError, match=r"nobody/no-such-model \(subfolder 'tokenizer'\): not in the local hub cache"):
+    with pytest.raises(
+        FileNotFoundError, match=r"nobody/no-such-model \(subfolder 'tokenizer'\): not in the local hub cache"
+    ):
         base.load_component(CLIPTokenizer, "nobody/no-such-model", "tokenizer")
     assert time.perf_counter() - start < 30
 
@@ -45,6 +47,8 @@ def test_an_uncached_reward_checkpoint_without_network_fails_in_seconds(no_netwo
     from lit_treegrpo.rewards.base import RewardLoadError, resolve_file
 
     start = time.perf_counter()
-    with pytest.raises(RewardLoadError, match=r"nobody/no-such-repo is not in the local hub cache and http://127\.0\.0\.1"):
+    with pytest.raises(
+        RewardLoadError, match=r"nobody/no-such-repo is not in the local hub cache and http://127\.0\.0\.1"
+    ):
         resolve_file("nobody/no-such-repo/head.pt", "the test head")
     assert time.perf_counter() - start < 30

@@ -70,7 +70,9 @@ def test_builtin_sets_sizes_and_contents() -> None:
 
     shapes = load_prompts("shapes")
     # exactly the 24 colour x shape combinations, phrased "a {colour} {shape}" ("an orange ..."), each once
-    assert sorted(shapes.prompts) == sorted(f"{'an' if c == 'orange' else 'a'} {c} {s}" for c in COLOURS for s in SHAPES)
+    assert sorted(shapes.prompts) == sorted(
+        f"{'an' if c == 'orange' else 'a'} {c} {s}" for c in COLOURS for s in SHAPES
+    )
     assert len(shapes.prompts) == 24
     # the whole grammar of the Shapes world, in the grammar's order
     assert load_prompts("shapes_world").prompts == world.all_prompts()
@@ -186,10 +188,20 @@ def test_global_batch_size_is_split_over_the_data_parallel_ranks() -> None:
 @pytest.mark.parametrize(
     ("batch_size", "global_batch_size", "world", "message"),
     [
-        (None, 6, 4, r"--data\.global_batch_size 6 is not divisible by the 4 data-parallel processes \(--trainer\.devices x "
-                     r"--trainer\.num_nodes\); use a multiple of 4 \(4 or 8\), or give --data\.batch_size"),
+        (
+            None,
+            6,
+            4,
+            r"--data\.global_batch_size 6 is not divisible by the 4 data-parallel processes \(--trainer\.devices x "
+            r"--trainer\.num_nodes\); use a multiple of 4 \(4 or 8\), or give --data\.batch_size",
+        ),
         (None, 3, 8, r"use a multiple of 8 \(8\)"),
-        (2, 8, 2, r"--data\.batch_size 2 and --data\.global_batch_size 8 disagree: 2 process\(es\) x 2 != 8; give only one"),
+        (
+            2,
+            8,
+            2,
+            r"--data\.batch_size 2 and --data\.global_batch_size 8 disagree: 2 process\(es\) x 2 != 8; give only one",
+        ),
     ],
 )
 def test_batch_sizes_that_do_not_divide_are_refused(batch_size, global_batch_size, world, message) -> None:
@@ -210,8 +222,11 @@ def test_setup_checks_the_global_batch_against_the_trainer_world_size(monkeypatc
 @pytest.mark.filterwarnings("ignore:.*occur more than once")
 def test_no_train_prompts_left_after_hold_out(tmp_path: Path) -> None:
     path = write(tmp_path / "one.txt", "a cat\na cat\n")
-    with pytest.raises(ValueError, match=r"--data\.prompts: all 1 distinct prompt\(s\) .* held out .* "
-                       r"set --data\.val_fraction 0 or give a separate --data\.val_prompts"):
+    with pytest.raises(
+        ValueError,
+        match=r"--data\.prompts: all 1 distinct prompt\(s\) .* held out .* "
+        r"set --data\.val_fraction 0 or give a separate --data\.val_prompts",
+    ):
         PromptDataModule(path, val_fraction=0.05)
     # the fixes it names both work; the stream wraps around its prompts from one step to the next
     assert PromptDataModule(path, val_fraction=0.0, batch_size=1).train_dataset(1, 2).batch(3).prompts == ["a cat"]
@@ -222,19 +237,41 @@ def test_no_train_prompts_left_after_hold_out(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "world", "message"),
     [
-        (dict(batch_size=100_000_000), 1, "--data.batch_size 100000000 asks for 100000000 prompts per training step, "
-         "but 'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less"),
-        (dict(), 1, "--data.batch_size 4 (the default) asks for 4 prompts per training step, but 'TWO' has 2 "
-         "training prompts; use --data.batch_size 2 or less, or give more prompts"),
-        (dict(batch_size=2), 2, "--data.batch_size 2 x 2 data-parallel processes asks for 4 prompts per training step, "
-         "but 'TWO' has 2 training prompts; use --data.batch_size 1 or less"),
-        (dict(global_batch_size=4), 2, "--data.global_batch_size 4 asks for 4 prompts per training step, but 'TWO' "
-         "has 2 training prompts; use --data.global_batch_size 2 or less"),
-        (dict(batch_size=1), 3, "--data.batch_size 1 x 3 data-parallel processes asks for 3 prompts per training step, "
-         "but 'TWO' has 2 training prompts; use at most 2 data-parallel processes"),
+        (
+            dict(batch_size=100_000_000),
+            1,
+            "--data.batch_size 100000000 asks for 100000000 prompts per training step, "
+            "but 'shapes' has 22 training prompts after holding out 2 for validation; use --data.batch_size 22 or less",
+        ),
+        (
+            dict(),
+            1,
+            "--data.batch_size 4 (the default) asks for 4 prompts per training step, but 'TWO' has 2 "
+            "training prompts; use --data.batch_size 2 or less, or give more prompts",
+        ),
+        (
+            dict(batch_size=2),
+            2,
+            "--data.batch_size 2 x 2 data-parallel processes asks for 4 prompts per training step, "
+            "but 'TWO' has 2 training prompts; use --data.batch_size 1 or less",
+        ),
+        (
+            dict(global_batch_size=4),
+            2,
+            "--data.global_batch_size 4 asks for 4 prompts per training step, but 'TWO' "
+            "has 2 training prompts; use --data.global_batch_size 2 or less",
+        ),
+        (
+            dict(batch_size=1),
+            3,
+            "--data.batch_size 1 x 3 data-parallel processes asks for 3 prompts per training step, "
+            "but 'TWO' has 2 training prompts; use at most 2 data-parallel processes",
+        ),
     ],
 )
-def test_a_batch_larger_than_the_training_prompts_is_refused_before_any_draw(tmp_path: Path, kwargs, world, message) -> None:
+def test_a_batch_larger_than_the_training_prompts_is_refused_before_any_draw(
+    tmp_path: Path, kwargs, world, message
+) -> None:
     two = write(tmp_path / "two.txt", "a cat\na dog\n")
     source = "shapes" if kwargs.get("batch_size") == 100_000_000 else two
     start = time.monotonic()

@@ -13,7 +13,9 @@ def test_brightness_is_mean_luma() -> None:
     images[2, :, :2] = 0.5  # half the rows grey 0.5: luma 0.25
     torch.testing.assert_close(Brightness()(images, ["", "", ""]), torch.tensor([1.0, 0.587, 0.25]), atol=1e-6, rtol=0)
     # with a target, the distance to it, negated
-    torch.testing.assert_close(Brightness(target=0.5)(images, ["", "", ""]), torch.tensor([-0.5, -0.087, -0.25]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        Brightness(target=0.5)(images, ["", "", ""]), torch.tensor([-0.5, -0.087, -0.25]), atol=1e-6, rtol=0
+    )
     assert isinstance(build_reward("brightness"), Brightness)
 
 

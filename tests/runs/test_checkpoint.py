@@ -56,10 +56,14 @@ def test_a_full_disk_reported_by_torchs_zip_writer_is_one_oserror(tmp_path: Path
         try:
             raise OSError(28, "No space left on device")
         except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+            # as torch raises it: without `from`, the OSError only in its __context__
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match=r"cannot write the checkpoint .*last.ckpt: No space left on device \(ENOSPC\).*\(no last.ckpt was written\)"):
+    with pytest.raises(
+        OSError,
+        match=r"cannot write the checkpoint .*last.ckpt: No space left on device \(ENOSPC\).*\(no last.ckpt was written\)",
+    ):
         atomic_save(_state(1), tmp_path / "last.ckpt")
 
     def bug(obj, f):
@@ -95,8 +99,13 @@ plugin.save_checkpoint({"step": 2, "w": torch.zeros(200_000)}, path)
 def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
     path, marker = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "writing"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path), str(marker)], cwd=REPO, env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(marker)],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
@@ -173,5 +182,7 @@ def test_the_cli_installs_atomic_checkpoints_unless_given_its_own(tmp_path: Path
     cli = TreeGRPOCLI(args=["--config", tiny, "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert type(cli.trainer.strategy.checkpoint_io) is AtomicCheckpointIO
     own = '{"class_path": "lightning.pytorch.plugins.io.TorchCheckpointIO"}'
-    cli = TreeGRPOCLI(args=["--config", tiny, "--trainer.plugins", own, "--trainer.default_root_dir", str(tmp_path)], run=False)
+    cli = TreeGRPOCLI(
+        args=["--config", tiny, "--trainer.plugins", own, "--trainer.default_root_dir", str(tmp_path)], run=False
+    )
     assert type(cli.trainer.strategy.checkpoint_io) is TorchCheckpointIO

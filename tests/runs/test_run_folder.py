@@ -30,15 +30,23 @@ def _old_run(root: Path) -> dict[str, bytes]:
     return snapshot(root)
 
 
-def test_a_new_fit_in_a_folder_that_holds_a_run_is_refused_with_the_ways_forward(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+def test_a_new_fit_in_a_folder_that_holds_a_run_is_refused_with_the_ways_forward(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
     before = _old_run(tmp_path)
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
-    assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path} already holds a run ({tmp_path / 'checkpoints' / 'last.ckpt'}); "
-                           "resume it with --ckpt_path last, train into another --trainer.default_root_dir, or pass --overwrite true"), line  # fmt: skip
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
+    )
+    assert line.startswith(
+        f"error: --trainer.default_root_dir: {tmp_path} already holds a run ({tmp_path / 'checkpoints' / 'last.ckpt'}); "
+        "resume it with --ckpt_path last, train into another --trainer.default_root_dir, or pass --overwrite true"
+    ), line
     assert snapshot(tmp_path) == before  # no lock, config or event file left behind
 
 
-def test_a_fit_refused_on_a_bad_option_writes_nothing_into_the_run(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+def test_a_fit_refused_on_a_bad_option_writes_nothing_into_the_run(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
     before = _old_run(tmp_path)
     _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--ckpt_path", "last", "--model.minibatches", "0",
                 "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
@@ -55,7 +63,7 @@ def test_overwrite_starts_a_new_run_in_place_of_the_old_one(tmp_path: Path) -> N
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]  # no last-v1.ckpt beside it
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
     assert "overwrite: true" in (tmp_path / "tensorboard" / "config.yaml").read_text()
-    assert not (tmp_path / "samples" / "step_000000.png").read_bytes() == b"png"
+    assert (tmp_path / "samples" / "step_000000.png").read_bytes() != b"png"
     assert (tmp_path / "predictions").is_dir() and not (tmp_path / LOCK_NAME).exists()
 
 
@@ -63,7 +71,9 @@ def test_overwrite_with_a_checkpoint_to_resume_is_refused(tmp_path: Path, capsys
     before = _old_run(tmp_path)
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--overwrite", "true", "--ckpt_path", "last",
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
-    assert line.startswith("error: --overwrite true starts a new run, --ckpt_path last resumes one; give only one of them"), line
+    assert line.startswith(
+        "error: --overwrite true starts a new run, --ckpt_path last resumes one; give only one of them"
+    ), line
     assert snapshot(tmp_path) == before
 
 
@@ -94,7 +104,11 @@ def test_config_records_are_numbered_and_never_replaced(tmp_path: Path) -> None:
     (tmp_path / "config-3.yaml").write_text("written by someone else\n")
     assert write_new_record(tmp_path, "fourth\n").name == "config-4.yaml"
     assert [(tmp_path / n).read_text() for n in ("config.yaml", "config-2.yaml", "config-3.yaml", "config-4.yaml")] == [
-        "first\n", "second\n", "written by someone else\n", "fourth\n"]  # fmt: skip
+        "first\n",
+        "second\n",
+        "written by someone else\n",
+        "fourth\n",
+    ]
 
 
 # a process holding a run folder's lock as a fit does (flock on .fit.lock, its PID inside), without
@@ -113,16 +127,22 @@ def test_a_second_live_fit_is_refused_naming_the_holder(tmp_path: Path, capsys, 
     lock = RunLock(tmp_path)
     lock.acquire()  # a fit in progress (this process: a second flock on the file conflicts all the same)
     try:
-        line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path))
+        line = _main_error(
+            monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
+        )
     finally:
         lock.release()
-    assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path} is in use by another fit (pid {os.getpid()}, lock "), line
+    assert line.startswith(
+        f"error: --trainer.default_root_dir: {tmp_path} is in use by another fit (pid {os.getpid()}, lock "
+    ), line
     assert "wait for it to end or stop it, or train into another --trainer.default_root_dir" in line
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_killed_fits_lock_is_taken_over(tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path / LOCK_NAME)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunFolderError, match=f"in use by another fit \\(pid {holder.pid},"):
@@ -186,7 +206,6 @@ def test_the_ranks_a_launcher_starts_beside_rank_0_leave_the_folder_to_it(monkey
     assert run_folder.launch_rank() == 2
 
 
-
 def _symlinked_lock(tmp_path: Path) -> tuple[Path, Path]:
     """A run folder whose ``.fit.lock`` is a symbolic link to another file (``victim``)."""
     victim = tmp_path / "notes.txt"
@@ -197,12 +216,18 @@ def _symlinked_lock(tmp_path: Path) -> tuple[Path, Path]:
     return root, victim
 
 
-def test_a_fit_refuses_a_lock_that_is_a_symbolic_link_and_leaves_its_target(tmp_path: Path, capsys, monkeypatch, no_model) -> None:
+def test_a_fit_refuses_a_lock_that_is_a_symbolic_link_and_leaves_its_target(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
     root, victim = _symlinked_lock(tmp_path)
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(root))
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(root)
+    )
     lock = root / LOCK_NAME
-    assert line.startswith(f"error: --trainer.default_root_dir: the fit lock {lock} is a symbolic link, and a fit writes "
-                           f"its PID into its lock; delete the link {lock} (the file it points to stays) and run again"), line  # fmt: skip
+    assert line.startswith(
+        f"error: --trainer.default_root_dir: the fit lock {lock} is a symbolic link, and a fit writes "
+        f"its PID into its lock; delete the link {lock} (the file it points to stays) and run again"
+    ), line
     assert victim.read_text() == "someone's notes\n"  # not truncated, no PID written into it
     assert lock.is_symlink() and sorted(p.name for p in root.iterdir()) == [LOCK_NAME]
 
@@ -325,7 +350,9 @@ def test_a_fit_stopped_by_max_time_saves_its_final_state(tmp_path: Path, monkeyp
         on_fit_start(module)
 
     monkeypatch.setattr(TreeGRPOModule, "on_fit_start", recording)
-    monkeypatch.setattr(timer, "time", SimpleNamespace(monotonic=lambda: float(fitting[-1].iteration if fitting else 0)))
+    monkeypatch.setattr(
+        timer, "time", SimpleNamespace(monotonic=lambda: float(fitting[-1].iteration if fitting else 0))
+    )
     _fit(tmp_path, "--trainer.max_time", "00:00:00:05")
     assert _saved(tmp_path / "checkpoints" / "last.ckpt") == (5, 5)
 
@@ -349,7 +376,9 @@ def _checkpoint_state(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("how", ["mv", "cp -a"])
-def test_a_moved_or_copied_run_folder_resumes_into_its_own_last_ckpt(stopped_off_schedule, tmp_path: Path, how: str) -> None:
+def test_a_moved_or_copied_run_folder_resumes_into_its_own_last_ckpt(
+    stopped_off_schedule, tmp_path: Path, how: str
+) -> None:
     if how == "mv":  # a run of its own, so that its old folder is gone
         old = tmp_path / "A"
         _fit(old, "--trainer.max_steps", "5")
@@ -365,7 +394,9 @@ def test_a_moved_or_copied_run_folder_resumes_into_its_own_last_ckpt(stopped_off
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]
     assert _saved(folder / "last.ckpt") == (7, 7)
     state = _checkpoint_state(folder / "last.ckpt")
-    assert Path(state["dirpath"]) == folder.resolve() and Path(state["last_model_path"]) == folder.resolve() / "last.ckpt"
+    assert (
+        Path(state["dirpath"]) == folder.resolve() and Path(state["last_model_path"]) == folder.resolve() / "last.ckpt"
+    )
     if how == "mv":
         assert not old.exists()
     else:

@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, guard_strategy_load, read_checkpoint
+from lit_treegrpo.runs.checkpoint import (
+    AtomicCheckpointIO,
+    CorruptCheckpointError,
+    guard_strategy_load,
+    read_checkpoint,
+)
 from tests.cli.test_cli import QUIET, TINY, _main_error
 
 EMA = """\
@@ -48,8 +53,12 @@ def hostile_checkpoint(path: Path, marker: Path, payload: type = WriteMarker) ->
     return path
 
 
-@pytest.mark.parametrize(("payload", "refused"), [(WriteMarker, "builtins.exec"), (ShellMarker, os.system.__module__ + ".system")])
-def test_a_hostile_checkpoint_is_refused_naming_the_global_and_runs_nothing(tmp_path: Path, payload: type, refused: str) -> None:
+@pytest.mark.parametrize(
+    ("payload", "refused"), [(WriteMarker, "builtins.exec"), (ShellMarker, os.system.__module__ + ".system")]
+)
+def test_a_hostile_checkpoint_is_refused_naming_the_global_and_runs_nothing(
+    tmp_path: Path, payload: type, refused: str
+) -> None:
     marker = tmp_path / "marker"
     path = hostile_checkpoint(tmp_path / "hostile.ckpt", marker, payload)
     torch.load(path, weights_only=False)  # the payload is live: an unsafe load runs it
@@ -67,7 +76,9 @@ def test_a_hostile_checkpoint_is_refused_naming_the_global_and_runs_nothing(tmp_
     assert not marker.exists()
 
 
-def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_wording(tmp_path: Path, monkeypatch) -> None:
+def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_wording(
+    tmp_path: Path, monkeypatch
+) -> None:
     from lit_treegrpo.runs.checkpoint import refused_globals
 
     marker = tmp_path / "marker"
@@ -78,7 +89,7 @@ def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_
         read_checkpoint(path)
     wordings = {  # the two wordings of torch 2.13: a global missing from the allowlist, a blocked module
         "posix.system": "Weights only load failed. ...\n\tWeightsUnpickler error: Unsupported global: GLOBAL posix.system "
-                        "was not an allowed global by default. Please use ...",
+        "was not an allowed global by default. Please use ...",
         "nt.system": "Weights only load failed. ...\n\n\nTrying to load unsupported GLOBAL nt.system whose module nt is blocked.",
     }
     for name, wording in wordings.items():
@@ -89,10 +100,12 @@ def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_
 def test_torchs_advice_to_load_unsafely_never_reaches_the_message() -> None:
     from lit_treegrpo.runs.checkpoint import _without_advice
 
-    err = RuntimeError("Cannot use ``weights_only=True`` with TorchScript archives passed to ``torch.load``. In PyTorch "
-                       "2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
-                       "to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, but "
-                       "it can result in arbitrary code execution. Do it only if you got the file from a trusted source.")  # fmt: skip
+    err = RuntimeError(
+        "Cannot use ``weights_only=True`` with TorchScript archives passed to ``torch.load``. In PyTorch "
+        "2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
+        "to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, but "
+        "it can result in arbitrary code execution. Do it only if you got the file from a trusted source."
+    )
     assert _without_advice(err) == "RuntimeError from torch's safe loader"
     assert _without_advice(RuntimeError("PytorchStreamReader failed reading zip archive. More text\nsecond")) == (
         "PytorchStreamReader failed reading zip archive. More text"
@@ -138,14 +151,17 @@ def test_fsdp_strategys_own_unpickler_is_bypassed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["fit", "validate", "predict", "export"])
-def test_a_hostile_ckpt_path_is_refused_in_one_line_before_any_model_loads(tmp_path: Path, capsys, monkeypatch, no_model,
-                                                                           command: str) -> None:  # fmt: skip
+def test_a_hostile_ckpt_path_is_refused_in_one_line_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model, command: str
+) -> None:
     marker = tmp_path / "marker"
     path = hostile_checkpoint(tmp_path / "hostile.ckpt", marker)
     extra = ["--out", str(tmp_path / "out")] if command == "export" else list(QUIET)
     line = _main_error(monkeypatch, capsys, command, "--config", str(TINY), *extra, "--ckpt_path", str(path),
                        "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
-    assert line.startswith(f"error: --ckpt_path: {path} holds objects that the safe unpickler refuses (the global builtins.exec)")
+    assert line.startswith(
+        f"error: --ckpt_path: {path} holds objects that the safe unpickler refuses (the global builtins.exec)"
+    )
     assert "weights_only" not in line
     assert not marker.exists()
 
@@ -169,7 +185,9 @@ def run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("command", ["fit", "validate", "predict", "export"])
-def test_a_checkpoint_swapped_after_it_was_verified_is_never_read(run: Path, tmp_path: Path, monkeypatch, command: str) -> None:
+def test_a_checkpoint_swapped_after_it_was_verified_is_never_read(
+    run: Path, tmp_path: Path, monkeypatch, command: str
+) -> None:
     from lit_treegrpo.cli import app as cli
 
     root = tmp_path / "run"

@@ -99,8 +99,8 @@ def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:
 
 def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp_path: Path) -> None:
     from lit_treegrpo.cli import TreeGRPOCLI
-    from lit_treegrpo.runs.export import ema_state, restore, swapped_in
     from lit_treegrpo.models.tiny import tiny_sd3_pipeline
+    from lit_treegrpo.runs.export import ema_state, restore, swapped_in
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
     _main("export", *base, "--out", str(tmp_path / "lora"), "--ema", "true")
@@ -147,7 +147,10 @@ def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ckpt_path", "/no/such.ckpt", "--out", "OUT"], "--ckpt_path: no checkpoint at /no/such.ckpt; check the path"),
+        (
+            ["--ckpt_path", "/no/such.ckpt", "--out", "OUT"],
+            "--ckpt_path: no checkpoint at /no/such.ckpt; check the path",
+        ),
         pytest.param(["--out", "OUT"], "--ckpt_path last: no checkpoint at", marks=pytest.mark.slow),
         pytest.param(["--ckpt_path", "CKPT"], "--out: give the folder to write the export to", marks=pytest.mark.slow),
         pytest.param(["--ckpt_path", "CKPT", "--out", "CKPT"], "is a file; give a folder", marks=pytest.mark.slow),
@@ -155,8 +158,9 @@ def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp
         pytest.param(["--ckpt_path", "GARBAGE", "--out", "OUT"], "--ckpt_path", marks=pytest.mark.slow),
     ],
 )
-def test_bad_export_options_are_one_line(tiny_run: Path, tmp_path: Path, capsys, monkeypatch, args: list[str],
-                                         message: str) -> None:  # fmt: skip
+def test_bad_export_options_are_one_line(
+    tiny_run: Path, tmp_path: Path, capsys, monkeypatch, args: list[str], message: str
+) -> None:
     from lit_treegrpo.models import tiny
 
     monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
@@ -164,8 +168,12 @@ def test_bad_export_options_are_one_line(tiny_run: Path, tmp_path: Path, capsys,
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
     (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
-    names = {"OUT": tmp_path / "out", "CKPT": tiny_run / "checkpoints" / "last.ckpt", "FULL": tmp_path / "full",
-             "GARBAGE": tmp_path / "garbage.ckpt"}  # fmt: skip
+    names = {
+        "OUT": tmp_path / "out",
+        "CKPT": tiny_run / "checkpoints" / "last.ckpt",
+        "FULL": tmp_path / "full",
+        "GARBAGE": tmp_path / "garbage.ckpt",
+    }
     args = [str(names.get(a, a)) for a in args]
     with pytest.raises(SystemExit) as exit_info:
         _main("export", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path / "run"), *args)
@@ -214,8 +222,8 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
     from diffusers import SD3Transformer2DModel
 
     from lit_treegrpo.cli import TreeGRPOCLI
-    from lit_treegrpo.runs.export import restore
     from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
+    from lit_treegrpo.runs.export import restore
 
     base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]
     _main("fit", *base, "--max_iterations", "1", "--data.batch_size", "1", "--trainer.limit_val_batches", "0",
@@ -225,7 +233,9 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
     assert json.loads((tmp_path / "full" / "export.json").read_text())["weights"] == "full denoiser (LoRA merged)"
 
     cli = TreeGRPOCLI(args=[*base, "--trainer.logger", "false"], run=False)
-    restore(cli.model, torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False))
+    restore(
+        cli.model, torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    )
     adapter = cli.model.adapter
     cond = adapter.encode_prompts(["a red circle on the left"])
     x = adapter.initial_noise(2, torch.Generator().manual_seed(5))
@@ -234,7 +244,9 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
         fresh = ShapesAdapter(pretrained=str(tmp_path / "full"), num_steps=10)  # the merged export, as a base
         merged = fresh.predict(x, 3, fresh.encode_prompts(["a red circle on the left"]))
         transformer = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
-        transformer.load_lora_adapter(str(tmp_path / "lora"), prefix=None, weight_name="pytorch_lora_weights.safetensors")
+        transformer.load_lora_adapter(
+            str(tmp_path / "lora"), prefix=None, weight_name="pytorch_lora_weights.safetensors"
+        )
         adapter.denoiser, own = transformer, adapter.denoiser
         loaded = adapter.predict(x, 3, cond)
         adapter.denoiser = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")

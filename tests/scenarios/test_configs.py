@@ -17,8 +17,8 @@ from lit_treegrpo.models import FluxAdapter, SD3Adapter, SD15Adapter, WanAdapter
 from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
 from lit_treegrpo.models.tiny import tiny_flux_pipeline, tiny_sd3_pipeline, tiny_sd15_pipeline
 from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline
-from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
+from lit_treegrpo.training.module import TreeGRPOModule
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRETRAIN = CONFIGS / "shapes_pretrain.yaml"  # the Shapes model's own pre-training CLI
@@ -66,10 +66,27 @@ def offline_weights(monkeypatch, tmp_path):
 
 def test_every_run_config_is_covered() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in RUN_CONFIGS}
-    assert {"tiny.yaml", "shapes.yaml", "sd15.yaml", "sd35.yaml", "sd35_fsdp.yaml", "wan.yaml", "tiny_wan.yaml",
-            "flux.yaml", "tiny_flux.yaml"} <= names
-    assert {p.stem for p in METHODS} == {"treegrpo", "treegrpo_softmax", "branchgrpo", "branchgrpo_pruned",
-                                         "branchgrpo_mix", "dancegrpo", "flowgrpo", "mixgrpo"}  # fmt: skip
+    assert {
+        "tiny.yaml",
+        "shapes.yaml",
+        "sd15.yaml",
+        "sd35.yaml",
+        "sd35_fsdp.yaml",
+        "wan.yaml",
+        "tiny_wan.yaml",
+        "flux.yaml",
+        "tiny_flux.yaml",
+    } <= names
+    assert {p.stem for p in METHODS} == {
+        "treegrpo",
+        "treegrpo_softmax",
+        "branchgrpo",
+        "branchgrpo_pruned",
+        "branchgrpo_mix",
+        "dancegrpo",
+        "flowgrpo",
+        "mixgrpo",
+    }
 
 
 @pytest.mark.parametrize("base", ["shapes.yaml", "sd35.yaml"])
@@ -94,9 +111,7 @@ def test_config_instantiates_through_the_cli(config: Path, offline_weights, tmp_
     text = config.read_text()
     assert text.startswith("#") and "Launch: python -m lit_treegrpo fit --config" in text
     cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
-    cli = TreeGRPOCLI(
-        args=["--config", str(config), *cpu, "--trainer.default_root_dir", str(tmp_path)], run=False
-    )
+    cli = TreeGRPOCLI(args=["--config", str(config), *cpu, "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert isinstance(cli.model, TreeGRPOModule)
     assert cli.model.tree.num_steps == cli.model.adapter.num_steps
     if isinstance(cli.model.adapter, ShapesAdapter):  # the shipped weights, through from_pretrained

@@ -92,13 +92,19 @@ def test_relative_links_reach_existing_files_and_headings(page: Path) -> None:
 
 
 def _source_files() -> list[Path]:
-    found = [p for d in ("lit_treegrpo", "callbacks", "tests", "benchmarks", "notebooks")
-             for p in (REPO / d).rglob("*") if p.suffix in (".py", ".ipynb")]  # fmt: skip
+    found = [
+        p
+        for d in ("lit_treegrpo", "callbacks", "tests", "benchmarks", "notebooks")
+        for p in (REPO / d).rglob("*")
+        if p.suffix in (".py", ".ipynb")
+    ]
     return found + list((REPO / "configs").rglob("*.yaml")) + [REPO / "pyproject.toml", REPO / ".ci" / "run"]
 
 
 def test_no_source_file_cites_a_markdown_file_the_repository_lacks() -> None:
-    names = {p.name for p in REPO.rglob("*.md") if ".git" not in p.parts and not any(s.startswith(".venv") for s in p.parts)}
+    names = {
+        p.name for p in REPO.rglob("*.md") if ".git" not in p.parts and not any(s.startswith(".venv") for s in p.parts)
+    }
     outside = "/".join(["..", "shared"])  # written so that this file does not cite it
     problems = []
     for source in _source_files():

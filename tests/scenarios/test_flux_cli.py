@@ -70,8 +70,10 @@ class SaveFullRankParameters(pl.Callback):
         torch.save({"params": params, "sharded": sharded}, self.folder / f"rank{trainer.global_rank}.pt")
 
 
-FSDP2 = ('{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": '
-         '{"data_parallel_size": 2, "tensor_parallel_size": 1, "save_distributed_checkpoint": false}}')  # fmt: skip
+FSDP2 = (
+    '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": '
+    '{"data_parallel_size": 2, "tensor_parallel_size": 1, "save_distributed_checkpoint": false}}'
+)
 
 
 def test_model_parallel_with_tensor_parallel_ranks_is_refused() -> None:
@@ -97,10 +99,27 @@ def test_model_parallel_with_tensor_parallel_ranks_is_refused() -> None:
 @pytest.mark.parametrize("lora", ["lora", "full"])
 def test_tiny_flux_fsdp2_trains_and_resumes_on_two_cpu_processes(tmp_path: Path, lora: str) -> None:
     probe = '{"class_path": "tests.scenarios.test_flux_cli.SaveFullRankParameters", "init_args": {"folder": "%s"}}'
-    common = ["--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--trainer.devices", "2", "--trainer.strategy", FSDP2]
+    common = [
+        "--trainer.limit_val_batches",
+        "0",
+        "--data.batch_size",
+        "1",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        FSDP2,
+    ]
     if lora == "full":  # BranchGRPO's FLUX setting fine-tunes the whole transformer
         common += ["--model.adapter.init_args.lora", "null", "--model.optimizer.lr", "1e-3"]
-    fit(tmp_path / "full", "--trainer.max_steps", "4", "--trainer.callbacks+", probe % (tmp_path / "ranks"), *common, config=TINY_FLUX)
+    fit(
+        tmp_path / "full",
+        "--trainer.max_steps",
+        "4",
+        "--trainer.callbacks+",
+        probe % (tmp_path / "ranks"),
+        *common,
+        config=TINY_FLUX,
+    )
     fit(tmp_path / "part", "--trainer.max_steps", "2", *common, config=TINY_FLUX)
     fit(tmp_path / "part", "--trainer.max_steps", "4", "--ckpt_path", "last", *common, config=TINY_FLUX)
     full = trainable(tmp_path / "full" / "checkpoints" / "last.ckpt")

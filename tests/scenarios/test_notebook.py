@@ -14,11 +14,17 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow  # executes the whole notebook in a kernel
 def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch) -> None:
     notebook = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
-    for key, value in {"QUICKSTART_STEPS": "6", "QUICKSTART_ROOT": str(tmp_path / "run"),
-                       "QUICKSTART_REPO": str(REPO), "QUICKSTART_THREADS": "1",
-                       "PYTHONWARNINGS": "ignore"}.items():  # fmt: skip
+    for key, value in {
+        "QUICKSTART_STEPS": "6",
+        "QUICKSTART_ROOT": str(tmp_path / "run"),
+        "QUICKSTART_REPO": str(REPO),
+        "QUICKSTART_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }.items():
         monkeypatch.setenv(key, value)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     text = "\n".join(
         out.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
     )

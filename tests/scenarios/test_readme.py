@@ -83,11 +83,16 @@ def test_the_results_quote_the_committed_step_noise_table() -> None:
 
 def test_the_reward_table_and_the_modules_help_name_every_registered_reward() -> None:
     # one registry (rewards.REWARDS); what users read about it is checked against it
-    from lit_treegrpo.training.module import TreeGRPOModule
     from lit_treegrpo.rewards import REWARDS
+    from lit_treegrpo.training.module import TreeGRPOModule
 
     section = (DOCS / "rewards.md").read_text()
-    table = {name for row in section.splitlines() if row.startswith("| `") for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    table = {
+        name
+        for row in section.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
     assert table == set(REWARDS), table ^ set(REWARDS)
     help_text = TreeGRPOModule.__doc__.split("reward:", 1)[1].split("tree:", 1)[0]
     assert set(re.findall(r"``(\w+)``", help_text)) == set(REWARDS)

@@ -29,8 +29,11 @@ def test_tiny_wan_fit_in_process_trains_logs_video_and_checkpoints(tmp_path: Pat
     assert cli.model.iteration == 2
     # the grid before step 0 and after step 2: an animated GIF and a filmstrip each
     assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == [
-        "step_000000.gif", "step_000000.png", "step_000002.gif", "step_000002.png"
-    ]  # fmt: skip
+        "step_000000.gif",
+        "step_000000.png",
+        "step_000002.gif",
+        "step_000002.png",
+    ]
     events = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()

@@ -11,8 +11,11 @@ def tiny():
     root noise: what the memory probe and the training guard measure."""
     from lit_treegrpo.models.tiny import TinySD3Adapter
 
-    adapters = {(cfg, ckpt): TinySD3Adapter(num_steps=3, guidance_scale=cfg, gradient_checkpointing=ckpt)
-                for cfg in (1.0, 4.5) for ckpt in (False, True)}  # fmt: skip
+    adapters = {
+        (cfg, ckpt): TinySD3Adapter(num_steps=3, guidance_scale=cfg, gradient_checkpointing=ckpt)
+        for cfg in (1.0, 4.5)
+        for ckpt in (False, True)
+    }
     conds = {key: adapter.encode_prompts(["a red circle"]) for key, adapter in adapters.items()}
     noise = adapters[1.0, False].initial_noise(1, torch.Generator().manual_seed(0))
     return adapters, conds, noise

@@ -12,12 +12,12 @@ from lit_treegrpo.training.faults import (
     FAULT_COUNTERS,
     FaultLedger,
     FaultLimitError,
+    FaultPolicy,
     FaultWarning,
     Scored,
     StepPlan,
     constant_groups,
 )
-from lit_treegrpo.training.faults import FaultPolicy
 
 NAN = float("nan")
 PROMPTS = ["a", "b", "c"]
@@ -54,11 +54,19 @@ def test_tally_counts_dropped_and_zero_std_prompts_and_names_the_dropped_ones() 
     scored = Scored(rewards, {}, None)
     screened = book.screen(rewards, LEAF_PROMPT, 3)
     keep = torch.tensor([True, False, True])  # [E] this rank's kept edges
-    with pytest.warns(FaultWarning, match=r"iteration 7: non-finite rewards for 1 of 3 prompts \['b'\]; these prompts are left out"):
+    with pytest.warns(
+        FaultWarning, match=r"iteration 7: non-finite rewards for 1 of 3 prompts \['b'\]; these prompts are left out"
+    ):
         plan = book.tally(scored, screened, keep, PROMPTS, LEAF_PROMPT, iteration=7, sum_over_ranks=one_rank)
     # prompt 1 dropped: skipped_groups 1; its stand-ins (0, 0) tie but a dropped prompt is not
     # counted, so zero_std_groups counts prompt 0 only
-    assert book.counts == {"skipped_groups": 1, "skipped_steps": 0, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 1}
+    assert book.counts == {
+        "skipped_groups": 1,
+        "skipped_steps": 0,
+        "skipped_updates": 0,
+        "consecutive": 0,
+        "zero_std_groups": 1,
+    }
     assert plan == StepPlan(train=True, kept=True, faulty=True, cause="non-finite rewards for prompts ['b']")
 
 
@@ -69,8 +77,15 @@ def test_tally_decides_on_the_sums_over_ranks() -> None:
     rewards = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     screened = book.screen(rewards, LEAF_PROMPT, 3)
     two_ranks = lambda values: [int(v) + other for v, other in zip(values, [1, 0, 0, 0])]  # noqa: E731
-    plan = book.tally(Scored(rewards, {}, None), screened, torch.ones(4, dtype=torch.bool), PROMPTS, LEAF_PROMPT,
-                      iteration=0, sum_over_ranks=two_ranks)  # fmt: skip
+    plan = book.tally(
+        Scored(rewards, {}, None),
+        screened,
+        torch.ones(4, dtype=torch.bool),
+        PROMPTS,
+        LEAF_PROMPT,
+        iteration=0,
+        sum_over_ranks=two_ranks,
+    )
     assert plan == StepPlan(train=False, kept=True, faulty=True, cause=None)
     book.end_step(plan, 0, None, 0)
     assert book.counts["skipped_steps"] == 1 and book.counts["consecutive"] == 1
@@ -90,7 +105,9 @@ def test_score_turns_a_raising_reward_into_nan_under_skip_and_propagates_under_e
         raise RuntimeError("service down\nsecond line")
 
     images = torch.rand(3, 3, 4, 4)
-    with pytest.warns(FaultWarning, match=r"iteration 2: the reward raised RuntimeError: service down; skipping this training step"):
+    with pytest.warns(
+        FaultWarning, match=r"iteration 2: the reward raised RuntimeError: service down; skipping this training step"
+    ):
         scored = ledger().score(broken, images, ["a", "a", "b"], 2)
     assert scored.failure == "the reward raised RuntimeError: service down" and scored.components == {}
     assert scored.rewards.shape == (3,) and all(math.isnan(r) for r in scored.rewards.tolist())
@@ -101,7 +118,10 @@ def test_score_turns_a_raising_reward_into_nan_under_skip_and_propagates_under_e
 
 
 def test_refuse_update_raises_under_error_and_counts_under_skip() -> None:
-    with pytest.raises(FloatingPointError, match=r"^non-finite gradient at iteration 4; no optimizer step was taken \(set --model.faults.nonfinite skip"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^non-finite gradient at iteration 4; no optimizer step was taken \(set --model.faults.nonfinite skip",
+    ):
         ledger("error").refuse_update("non-finite gradient at iteration 4", 4)
     book = ledger()
     with pytest.warns(FaultWarning, match=r"non-finite loss nan at iteration 4, micro-batch 1; optimizer step skipped"):
@@ -147,7 +167,13 @@ def test_state_dict_round_trip_and_checkpoints_without_counters() -> None:
     book.counts.update(skipped_groups=4, skipped_steps=2, zero_std_groups=1)
     state = book.state_dict()
     assert list(state) == list(FAULT_COUNTERS)  # checkpoint["lit_treegrpo"]["faults"]
-    assert state == {"skipped_groups": 4, "skipped_steps": 2, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 1}
+    assert state == {
+        "skipped_groups": 4,
+        "skipped_steps": 2,
+        "skipped_updates": 0,
+        "consecutive": 0,
+        "zero_std_groups": 1,
+    }
     state["skipped_groups"] = 99
     assert book.counts["skipped_groups"] == 4  # a copy, not the live counters
     fresh = ledger()
@@ -155,4 +181,10 @@ def test_state_dict_round_trip_and_checkpoints_without_counters() -> None:
     assert fresh.counts == book.counts
     older = ledger()
     older.load_state_dict({"skipped_groups": 1})  # a checkpoint from before the other counters
-    assert older.counts == {"skipped_groups": 1, "skipped_steps": 0, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 0}
+    assert older.counts == {
+        "skipped_groups": 1,
+        "skipped_steps": 0,
+        "skipped_updates": 0,
+        "consecutive": 0,
+        "zero_std_groups": 0,
+    }

@@ -11,6 +11,7 @@ import torch
 from lit_treegrpo.core.memory import TrainingMemory, format_bytes, rollout_memory
 from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.training.memory_guard import (
+    MemoryGuard,
     RolloutGuard,
     RolloutMemoryError,
     TrainingGuard,
@@ -19,7 +20,6 @@ from lit_treegrpo.training.memory_guard import (
     check_training_memory,
     memory_for_rank,
 )
-from lit_treegrpo.training.memory_guard import MemoryGuard
 from lit_treegrpo.training.memory_probe import probe_training
 
 SPEC = TreeSpec(3, branch_steps=(0, 1), branching=2)
@@ -29,8 +29,16 @@ ESTIMATE = rollout_memory(SPEC, 2, (4, 8, 8), torch.float32, cond_bytes=40)  # 2
 
 
 def check(available: int | None, *, any_rank=lambda decision: decision, fraction: float = 0.5) -> None:
-    check_rollout_memory(MemoryGuard(fraction=fraction), SPEC, COND, NOISE, 2, cfg=False,
-                         available=(available, "measured here"), any_rank=any_rank)  # fmt: skip
+    check_rollout_memory(
+        MemoryGuard(fraction=fraction),
+        SPEC,
+        COND,
+        NOISE,
+        2,
+        cfg=False,
+        available=(available, "measured here"),
+        any_rank=any_rank,
+    )
 
 
 def test_the_estimate_is_compared_with_the_fraction_of_the_available_memory() -> None:
@@ -49,7 +57,9 @@ def test_a_refusal_on_another_rank_stops_this_one_too() -> None:
 
 
 def test_memory_that_cannot_be_measured_is_warned_about_not_checked() -> None:
-    with pytest.warns(UserWarning, match="memory guard: the available memory is measured here, so the rollout's estimated"):
+    with pytest.warns(
+        UserWarning, match="memory guard: the available memory is measured here, so the rollout's estimated"
+    ):
         check(None)
 
 
@@ -97,8 +107,14 @@ TRAINING = TrainingMemory(1000, {"gradients": 100, "optimizer state": 200, "the 
 
 
 def check_training(available: int | None, *, any_rank=lambda decision: decision) -> int | None:
-    return check_training_memory(MemoryGuard(fraction=0.5), TRAINING, 6, available=(available, "measured here"),
-                                 any_rank=any_rank, fixes="do this")  # fmt: skip
+    return check_training_memory(
+        MemoryGuard(fraction=0.5),
+        TRAINING,
+        6,
+        available=(available, "measured here"),
+        any_rank=any_rank,
+        fixes="do this",
+    )
 
 
 def test_the_parents_that_fit_a_training_forward_come_from_the_fraction_of_the_memory() -> None:
@@ -113,7 +129,10 @@ def test_the_parents_that_fit_a_training_forward_come_from_the_fraction_of_the_m
     )
     with pytest.raises(TrainingMemoryError, match="another data-parallel rank cannot fit the training pass"):
         check_training(10**9, any_rank=lambda decision: True)
-    with pytest.warns(UserWarning, match="so the training pass's estimated 6.3 kB .* is not checked; give --model.memory_guard.available_gb"):
+    with pytest.warns(
+        UserWarning,
+        match="so the training pass's estimated 6.3 kB .* is not checked; give --model.memory_guard.available_gb",
+    ):
         assert check_training(None) is None
 
 

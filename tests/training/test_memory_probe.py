@@ -19,7 +19,10 @@ def test_the_probe_counts_cfg_rows_and_what_checkpointing_saves(tiny) -> None:
     # the same counts whether checkpointing is on (its regions run directly in the probe) or off (it
     # is switched on for the probe, to find the regions, and off again)
     assert probes[1.0, False] == probes[1.0, True] and probes[4.5, False] == probes[4.5, True]
-    assert not adapters[1.0, False].denoiser.is_gradient_checkpointing and adapters[1.0, True].denoiser.is_gradient_checkpointing
+    assert (
+        not adapters[1.0, False].denoiser.is_gradient_checkpointing
+        and adapters[1.0, True].denoiser.is_gradient_checkpointing
+    )
     plain, guided = probes[1.0, False], probes[4.5, False]
     assert len(plain.regions) == 2  # the tiny SD3 transformer's two blocks
     assert plain.activations(True) < plain.activations(False)

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from lit_treegrpo.core import ClippedPolicyLoss, PruningConfig, RolloutLimits, TreeSpec
-from lit_treegrpo.core.rollout import root_noise
 from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
+from lit_treegrpo.core.rollout import root_noise
 from lit_treegrpo.data import PromptDataModule
+from lit_treegrpo.data.prompt_stream import PromptBatch
+from lit_treegrpo.models.tiny import TinySD3Adapter
+from lit_treegrpo.rewards import Brightness, RewardModel
 from lit_treegrpo.training.faults import FaultLimitError, FaultPolicy, FaultWarning
 from lit_treegrpo.training.memory_guard import MemoryGuard, RolloutMemoryError, TrainingMemoryError
-from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.training.module import TreeGRPOModule
-from lit_treegrpo.data.prompt_stream import PromptBatch
-from lit_treegrpo.rewards import Brightness, RewardModel
 from lit_treegrpo.training.settings import AdvantageSettings
 from tests.probes import FlakyReward
 
@@ -80,15 +80,18 @@ def test_edges_per_update_sets_the_optimizer_steps_from_the_kept_edges(tmp_path)
 def test_flow_grpo_kl_trains_on_a_flow_adapter_and_is_refused_elsewhere(tmp_path) -> None:
     from lit_treegrpo.models.tiny import TinySD15Adapter
 
-    model = module(loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo"), advantage=AdvantageSettings(std_scope="global"))
+    model = module(
+        loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo"), advantage=AdvantageSettings(std_scope="global")
+    )
     trainer = fit(model, 2, tmp_path)
     assert torch.isfinite(trainer.callback_metrics["train/kl"])
     # |dt| of each step is the sigma table's difference
     sig = model.adapter.sigmas()
     torch.testing.assert_close(model.adapter.step_size(torch.tensor([0, 2])), sig[[0, 2]] - sig[[1, 3]])
     with pytest.raises(ValueError, match="kl_form flow_grpo needs a flow-matching adapter"):
-        TreeGRPOModule(TinySD15Adapter(num_steps=T), Brightness(), SPEC,
-                       loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo"))  # fmt: skip
+        TreeGRPOModule(
+            TinySD15Adapter(num_steps=T), Brightness(), SPEC, loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo")
+        )
 
 
 class _Counting(torch.optim.SGD):
@@ -240,7 +243,13 @@ def test_skip_drops_the_prompt_with_a_nan_reward_and_trains_the_others(tmp_path)
     # SPEC grows 2 + 4 = 6 edges per prompt; the NaN prompt's 6 get no gradient, the other's 6 train
     assert metrics["train/edges_kept"] == 6 and metrics["train/edges"] == 12
     assert metrics["faults/skipped_groups"] == 2 and metrics["faults/skipped_steps"] == 0
-    assert model.fault_counts == {"skipped_groups": 2, "skipped_steps": 0, "skipped_updates": 0, "consecutive": 0, "zero_std_groups": 0}
+    assert model.fault_counts == {
+        "skipped_groups": 2,
+        "skipped_steps": 0,
+        "skipped_updates": 0,
+        "consecutive": 0,
+        "zero_std_groups": 0,
+    }
     assert trainer.global_step == 2 and model.iteration == 2  # both steps updated
     assert not _same(before, list(model.adapter.trainable_parameters()))
     assert all(torch.isfinite(p).all() for p in model.adapter.trainable_parameters())
@@ -253,7 +262,14 @@ def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> Non
     cond = model.adapter.encode_prompts(["a red circle", "a blue square"])
     from lit_treegrpo.core import rollout, tree_advantages
 
-    tree = rollout(model.adapter.predict, model.adapter.step, SPEC, cond, root_noise(model.adapter.initial_noise, gens, SPEC), generator=gens)
+    tree = rollout(
+        model.adapter.predict,
+        model.adapter.step,
+        SPEC,
+        cond,
+        root_noise(model.adapter.initial_noise, gens, SPEC),
+        generator=gens,
+    )
     rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(0))
     stand_in = torch.where(tree.leaf_prompt == 0, torch.zeros_like(rewards), rewards)
     args = (tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
@@ -267,7 +283,10 @@ def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> Non
 def test_skip_skips_the_step_whose_reward_raises_and_counts_it(tmp_path) -> None:
     model = module(reward=FlakyReward(raise_on=[1]), faults=SKIP)
     log = _ParameterLog()
-    with pytest.warns(FaultWarning, match=r"iteration 1: the reward raised RuntimeError: reward service unavailable \(call 1\); skipping"):
+    with pytest.warns(
+        FaultWarning,
+        match=r"iteration 1: the reward raised RuntimeError: reward service unavailable \(call 1\); skipping",
+    ):
         trainer = fit(model, 3, tmp_path, callbacks=[log])
     # 3 optimizer steps took 4 rollouts: iteration 1 made no update
     assert trainer.global_step == 3 and model.iteration == 4
@@ -283,13 +302,22 @@ def test_under_error_a_raising_reward_propagates(tmp_path) -> None:
 
 
 def test_skip_stops_after_max_consecutive_skips_naming_the_last_cause(tmp_path) -> None:
-    model = module(reward=FlakyReward(nan_on=list(range(100))), faults=SKIP, tree=TreeSpec(T, branch_steps=(0, 1), branching=2))
+    model = module(
+        reward=FlakyReward(nan_on=list(range(100))), faults=SKIP, tree=TreeSpec(T, branch_steps=(0, 1), branching=2)
+    )
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
     with pytest.warns(FaultWarning), pytest.raises(FaultLimitError) as err:
         # one prompt per batch: every prompt is NaN, so no step can train
-        trainer = L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                            default_root_dir=tmp_path)  # fmt: skip
+        trainer = L.Trainer(
+            max_steps=5,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+        )
         trainer.fit(model, PromptDataModule("shapes", batch_size=1, val_size=0, val_fraction=0.0))
     assert str(err.value).startswith(
         "3 training steps in a row were skipped (faults.max_consecutive_skips=3), up to iteration 2; "
@@ -303,9 +331,9 @@ def test_skip_never_steps_on_a_non_finite_gradient_and_stops_after_n(tmp_path) -
     model = module(faults=SKIP)
     poison_gradients(model)
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
-    with pytest.warns(FaultWarning, match="non-finite gradient at iteration 0; optimizer step skipped"):
-        with pytest.raises(FaultLimitError, match="last cause: non-finite gradient at iteration 2"):
-            fit(model, 5, tmp_path)
+    warned = pytest.warns(FaultWarning, match="non-finite gradient at iteration 0; optimizer step skipped")
+    with warned, pytest.raises(FaultLimitError, match="last cause: non-finite gradient at iteration 2"):
+        fit(model, 5, tmp_path)
     assert model.fault_counts["skipped_updates"] == 3 and model.fault_counts["skipped_steps"] == 3
     assert _same(before, list(model.adapter.trainable_parameters()))
     assert all(p.grad is None for p in model.adapter.trainable_parameters())  # zeroed, not kept
@@ -339,7 +367,10 @@ def test_skip_skips_only_the_optimizer_step_whose_loss_is_not_finite(tmp_path) -
 def test_under_error_a_non_finite_loss_names_the_iteration_and_trains_nothing(tmp_path) -> None:
     model = module(loss=_NaNLossAt({0}))
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
-    with pytest.raises(FloatingPointError, match=r"non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken \(set --model.faults.nonfinite skip"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"non-finite loss nan at iteration 0, micro-batch 0; no optimizer step was taken \(set --model.faults.nonfinite skip",
+    ):
         fit(model, 2, tmp_path)
     assert _same(before, list(model.adapter.trainable_parameters()))
 
@@ -402,7 +433,9 @@ def test_the_memory_guard_refuses_a_tree_that_cannot_fit_before_the_first_rollou
         fit(model, 1, tmp_path)
     message = str(err.value)
     # the arithmetic is tested in tests/core/test_memory.py; here: the numbers reach the message
-    estimate = rollout_memory(SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(model.adapter.encode_prompts(["a"])))
+    estimate = rollout_memory(
+        SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(model.adapter.encode_prompts(["a"]))
+    )
     assert message.startswith(f"memory guard: one rollout needs about {estimate.describe()} for 2 prompts x 4 leaves")
     assert "on this rank, but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B)" in message
     assert "lower --data.batch_size, --model.rollout.max_batch" in message
@@ -457,8 +490,11 @@ def test_a_micro_batch_split_by_the_training_guard_gives_the_same_update(tmp_pat
     results = {}
     for cap in (None, 4, 1):
         grads: list = []
-        model = module(memory_guard=MemoryGuard(max_train_parents=cap), optimizer=lambda p: _RecordingSGD(p, grads),
-                       **settings)  # fmt: skip
+        model = module(
+            memory_guard=MemoryGuard(max_train_parents=cap),
+            optimizer=lambda p: _RecordingSGD(p, grads),  # noqa: B023 (called by this iteration's fit)
+            **settings,
+        )
         calls = _count_forwards(model)
         trainer = fit(model, 1, tmp_path)
         trained = [rows for rows, grad in calls[1:] if grad]  # calls[0]: the guard's probe of one parent
@@ -533,8 +569,9 @@ class _OneBatch:
 @pytest.mark.parametrize("data", ["datamodule", "plain batches"])
 def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_rollout(tmp_path, data) -> None:
     one, _ = _training_estimate(tmp_path)
-    rollout_needs = rollout_memory(SPEC, 2, (4, 16, 16), torch.float32,
-                                   cond_bytes=cond_row_bytes(module().adapter.encode_prompts(["a"]))).total  # fmt: skip
+    rollout_needs = rollout_memory(
+        SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(module().adapter.encode_prompts(["a"]))
+    ).total
     assert rollout_needs < one - 1000  # a budget between the two: the rollout fits, the training does not
     model = module(memory_guard=MemoryGuard(available_gb=(one - 1000) / 0.9 / 1e9))
     calls = _count_forwards(model)
@@ -542,8 +579,15 @@ def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_ro
         if data == "datamodule":
             fit(model, 1, tmp_path)
         else:  # no PromptDataModule: the check waits for the first training step, still before its rollout
-            L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path).fit(model, train_dataloaders=_OneBatch())  # fmt: skip
+            L.Trainer(
+                max_steps=1,
+                accelerator="cpu",
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                default_root_dir=tmp_path,
+            ).fit(model, train_dataloaders=_OneBatch())
     message = str(err.value)
     assert message.startswith("memory guard: the training pass cannot fit even one parent per forward: it needs about ")
     assert "(--model.memory_guard.available_gb; x 0.9 = " in message
@@ -563,7 +607,10 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
     assert model.iteration == 3
     saved["tree"]["branching"] = 3  # still another tree is refused, naming the option and the checkpoint's value
-    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; resume with 3, or start a new run"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; resume with 3, or start a new run",
+    ):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
 
 
@@ -614,8 +661,17 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     ours, theirs = mine["lit_treegrpo"]["fingerprint"], saved["fingerprint"]
     assert {k: ours[k] for k in theirs if k != "tree"} == {k: v for k, v in theirs.items() if k != "tree"}
     # the fields recorded since are compared only when both sides hold them: the old file resumed above
-    assert set(ours) - set(theirs) == {"shapes", "lora", "adapter_options", "reward", "reward_kwargs", "advantage",
-                                       "loss", "seed", "optimizer"}  # fmt: skip
+    assert set(ours) - set(theirs) == {
+        "shapes",
+        "lora",
+        "adapter_options",
+        "reward",
+        "reward_kwargs",
+        "advantage",
+        "loss",
+        "seed",
+        "optimizer",
+    }
     # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
     migrated = {k: v for k, v in theirs["tree"].items() if k not in ("max_batch", "max_leaves")}
     assert ours["tree"] == {**migrated, "shared_noise": False} and "max_batch" in theirs["tree"]
@@ -640,8 +696,12 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
     shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused
-    with pytest.raises(ValueError, match=r"^--model.tree.branching: the checkpoint \S+ was trained with 2, this run has 3"):
-        made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(shape_changed, made.data(), ckpt_path=committed)
+    with pytest.raises(
+        ValueError, match=r"^--model.tree.branching: the checkpoint \S+ was trained with 2, this run has 3"
+    ):
+        made.trainer(tmp_path / "other", 4, enable_checkpointing=False).fit(
+            shape_changed, made.data(), ckpt_path=committed
+        )
 
 
 def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
@@ -687,13 +747,20 @@ def test_each_step_counts_its_sampling_trained_and_reference_forwards_and_their_
     # 6 edges, 1 (step 0) + 2 (step 1) = 3; reward: 4 leaves. 2 prompts per step.
     tree, log = module(), _Metrics()
     fit(tree, 2, tmp_path / "tree", callbacks=[log])
-    assert log.steps[0] == {"compute/sampling": 14.0, "compute/trained": 6.0, "compute/reference": 0.0,
-                            "compute/reward_images": 8.0, "compute/units": 14.0 + 3 * 6.0,
-                            "compute/units_total": 32.0}  # fmt: skip
+    assert log.steps[0] == {
+        "compute/sampling": 14.0,
+        "compute/trained": 6.0,
+        "compute/reference": 0.0,
+        "compute/reward_images": 8.0,
+        "compute/units": 14.0 + 3 * 6.0,
+        "compute/units_total": 32.0,
+    }
     assert log.steps[1]["compute/units_total"] == 64.0 and tree.compute_spent == Compute(28, 12, 0, 16)
     # flat G=3 with KL: every trained forward has a reference forward; another cost model weighs them
     flat = TreeSpec(T, sde_steps=(0, 1), num_trees=3)  # per prompt: 9 sampling, 6 trained
-    kl = module(tree=flat, loss=ClippedPolicyLoss(kl_beta=0.1), compute_cost=ComputeCost(trained=2.0, reference=0.5, reward=1.0))
+    kl = module(
+        tree=flat, loss=ClippedPolicyLoss(kl_beta=0.1), compute_cost=ComputeCost(trained=2.0, reference=0.5, reward=1.0)
+    )
     log = _Metrics()
     fit(kl, 1, tmp_path / "kl", callbacks=[log])
     assert log.steps[0]["compute/reference"] == log.steps[0]["compute/trained"] == 12.0

@@ -16,11 +16,11 @@ from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
+from lit_treegrpo.rewards import Brightness
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
-from lit_treegrpo.rewards import Brightness
-from tests.probes import FlakyReward
 from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
+from tests.probes import FlakyReward
 
 NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_dir)"
 BASE = ["fit", "--config", str(TINY), *QUIET, "--trainer.limit_val_batches", "0"]
@@ -66,7 +66,9 @@ def test_a_resume_applies_the_options_it_may_change_and_says_so(tmp_path: Path, 
              "--model.minibatches", "2", "--model.adapter.init_args.decode_batch_size", "1",
              "--model.adapter.init_args.gradient_checkpointing", "true")  # fmt: skip
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed with")]
-    assert said == ["resumed with lr 0.5 (the checkpoint trained at 0.01), --model.minibatches 2 (the checkpoint trained with 1)"]
+    assert said == [
+        "resumed with lr 0.5 (the checkpoint trained at 0.01), --model.minibatches 2 (the checkpoint trained with 1)"
+    ]
     after = torch.load(ckpt, weights_only=True)
     assert after["global_step"] == 3 and after["lit_treegrpo"]["iteration"] == 2
     # Lightning restored the checkpoint's param groups (lr 0.01); the run trained, and saved, at 0.5
@@ -79,16 +81,35 @@ def test_a_resume_applies_the_options_it_may_change_and_says_so(tmp_path: Path, 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (["--model.adapter.init_args.lora.rank", "8"], "--model.adapter.init_args.lora.rank: the checkpoint {ckpt} was trained with 32, this run has 8; resume with 32"),
-        (["--model.reward", "jpeg_compressibility"], "--model.reward: the checkpoint {ckpt} was trained with brightness, this run has jpeg_compressibility; resume with brightness"),
-        (["--model.reward", "{brightness: 1.0, jpeg_compressibility: 0.5}"],
-         "--model.reward: the checkpoint {ckpt} was trained with brightness, this run has {brightness: 1.0, jpeg_compressibility: 0.5}"),
-        (["--model.adapter.init_args.guidance_scale", "2.0"], "--model.adapter.init_args.guidance_scale: the checkpoint {ckpt} was trained with 1.0, this run has 2.0"),
-        (["--model.advantage.method", "logprob_softmax"], "--model.advantage.method: the checkpoint {ckpt} was trained with mean, this run has logprob_softmax"),
-        (["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.init_args.clip_range", "0.01"],
-         "--model.loss.init_args.clip_range: the checkpoint {ckpt} was trained with 0.0001, this run has 0.01"),
+        (
+            ["--model.adapter.init_args.lora.rank", "8"],
+            "--model.adapter.init_args.lora.rank: the checkpoint {ckpt} was trained with 32, this run has 8; resume with 32",
+        ),
+        (
+            ["--model.reward", "jpeg_compressibility"],
+            "--model.reward: the checkpoint {ckpt} was trained with brightness, this run has jpeg_compressibility; resume with brightness",
+        ),
+        (
+            ["--model.reward", "{brightness: 1.0, jpeg_compressibility: 0.5}"],
+            "--model.reward: the checkpoint {ckpt} was trained with brightness, this run has {brightness: 1.0, jpeg_compressibility: 0.5}",
+        ),
+        (
+            ["--model.adapter.init_args.guidance_scale", "2.0"],
+            "--model.adapter.init_args.guidance_scale: the checkpoint {ckpt} was trained with 1.0, this run has 2.0",
+        ),
+        (
+            ["--model.advantage.method", "logprob_softmax"],
+            "--model.advantage.method: the checkpoint {ckpt} was trained with mean, this run has logprob_softmax",
+        ),
+        (
+            ["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.init_args.clip_range", "0.01"],
+            "--model.loss.init_args.clip_range: the checkpoint {ckpt} was trained with 0.0001, this run has 0.01",
+        ),
         (["--model.seed", "7"], "--model.seed: the checkpoint {ckpt} was trained with 0, this run has 7"),
-        (["--model.optimizer", "torch.optim.SGD"], "--model.optimizer: the checkpoint {ckpt} was trained with AdamW, this run has SGD"),
+        (
+            ["--model.optimizer", "torch.optim.SGD"],
+            "--model.optimizer: the checkpoint {ckpt} was trained with AdamW, this run has SGD",
+        ),
     ],
     ids=["lora_rank", "reward", "reward_mix", "guidance", "advantage", "loss", "seed", "optimizer_class"],
 )
@@ -112,8 +133,15 @@ def _data() -> PromptDataModule:
 
 def _trainer(root: Path, steps: int, **kwargs) -> L.Trainer:
     kwargs.setdefault("limit_val_batches", 0)
-    return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                     default_root_dir=root, **kwargs)  # fmt: skip
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **kwargs,
+    )
 
 
 def _module(**kwargs) -> TreeGRPOModule:
@@ -132,8 +160,10 @@ def test_an_old_checkpoint_resumed_with_another_lora_rank_is_refused_by_name(tmp
     model.adapter = TinySD3Adapter(num_steps=3, guidance_scale=1.0, lora=LoraSettings(rank=8, alpha=16.0))
     with pytest.raises(ValueError) as err:
         made.trainer(tmp_path, 4, enable_checkpointing=False).fit(model, made.data(), ckpt_path=committed)
-    assert str(err.value) == (f"--model.adapter.init_args.lora.rank: the checkpoint {committed} was trained with 32, "
-                              f"this run has 8; resume with 32, or {NEW_RUN}")  # fmt: skip
+    assert str(err.value) == (
+        f"--model.adapter.init_args.lora.rank: the checkpoint {committed} was trained with 32, "
+        f"this run has 8; resume with 32, or {NEW_RUN}"
+    )
     assert model.iteration == 0
 
 
@@ -144,8 +174,10 @@ def test_another_reward_is_refused_for_a_resumed_fit_and_allowed_for_validate(tm
     other = _module(reward=FlakyReward())
     with pytest.raises(ValueError) as err:
         _trainer(tmp_path, 2, enable_checkpointing=False).fit(other, _data(), ckpt_path=ckpt)
-    assert str(err.value) == (f"--model.reward: the checkpoint {ckpt} was trained with Brightness, this run has "
-                              f"FlakyReward; resume with Brightness, or {NEW_RUN}")  # fmt: skip
+    assert str(err.value) == (
+        f"--model.reward: the checkpoint {ckpt} was trained with Brightness, this run has "
+        f"FlakyReward; resume with Brightness, or {NEW_RUN}"
+    )
     # evaluating the trained weights with another reward is no resume
     _trainer(tmp_path, 1, enable_checkpointing=False, limit_val_batches=1).validate(other, _data(), ckpt_path=ckpt)
     assert other.iteration == 1
@@ -180,7 +212,10 @@ def _restored(old_scheduler, new_optimizer_lr: float, new_scheduler, steps: int 
         if scheduler is not None:
             scheduler.step()
     saved_class = type(scheduler).__name__ if scheduler is not None else None
-    saved_optimizer, saved_schedulers = optimizer.state_dict(), [scheduler.state_dict()] if scheduler is not None else []
+    saved_optimizer, saved_schedulers = (
+        optimizer.state_dict(),
+        [scheduler.state_dict()] if scheduler is not None else [],
+    )
     optimizer = torch.optim.SGD([param], lr=new_optimizer_lr, momentum=0.9)
     mine = ConfiguredOptimizer.record(optimizer)
     scheduler = new_scheduler(optimizer) if new_scheduler else None
@@ -202,8 +237,11 @@ def test_a_restored_scheduler_keeps_its_position_and_takes_this_runs_settings() 
 
     optimizer, scheduler, mine, saved = _restored(old, 1.0, new)
     changes = apply_optimizer_options(optimizer, scheduler, mine, saved, True)
-    assert changes == ["momentum 0.9 (the checkpoint trained with 0)", "lr 1.0 (the checkpoint trained at 0.1)",
-                       "StepLR gamma 0.1 (the checkpoint trained with 0.5)"]  # fmt: skip
+    assert changes == [
+        "momentum 0.9 (the checkpoint trained with 0)",
+        "lr 1.0 (the checkpoint trained at 0.1)",
+        "StepLR gamma 0.1 (the checkpoint trained with 0.5)",
+    ]
     # 3 steps of step_size 2: one halving, 0.1 -> 0.05, scaled to the new base: 0.5
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5) and optimizer.param_groups[0]["momentum"] == 0.9
     assert scheduler.last_epoch == 3 and scheduler.gamma == 0.1 and scheduler.base_lrs == [1.0]
@@ -228,7 +266,8 @@ def test_a_scheduler_of_another_class_or_none_starts_at_the_resume() -> None:
     # a scheduler the checkpoint had not
     optimizer, scheduler, mine, saved = _restored(None, 1.0, lam)
     assert "lr scheduler LambdaLR from this resume on (the checkpoint had none)" in apply_optimizer_options(
-        optimizer, scheduler, mine, saved, False)
+        optimizer, scheduler, mine, saved, False
+    )
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
     # no scheduler now: the configured lr, constant
     optimizer, scheduler, mine, saved = _restored(step, 1.0, None)
@@ -241,9 +280,15 @@ def test_fields_a_checkpoint_predates_are_not_compared() -> None:
     saved = {"adapter": "A", "num_steps": 3, "tree": {"num_steps": 3, "branch_steps": [0]}, "trainable": ["w"]}
     mine = {**saved, "shapes": {"w": [2]}, "reward": "hps", "reward_kwargs": {}, "seed": 1, "lora": None}
     check_resumable(saved, mine, {"w": torch.zeros(2)})
-    with pytest.raises(ValueError, match=r"^--model.adapter: the trainable tensor w has shape \[3\] in the checkpoint and \[2\] in this run"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--model.adapter: the trainable tensor w has shape \[3\] in the checkpoint and \[2\] in this run",
+    ):
         check_resumable(saved, mine, {"w": torch.zeros(3)})  # the state dict still tells the shapes
     kwargs = {**saved, "reward": "hps", "reward_kwargs": {"hps": {"version": "v2.0"}}}
-    with pytest.raises(ValueError, match=r"^--model.reward_kwargs: the checkpoint was trained with \{hps: \{version: v2.0\}\}, this run has \{\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--model.reward_kwargs: the checkpoint was trained with \{hps: \{version: v2.0\}\}, this run has \{\}",
+    ):
         check_resumable(kwargs, mine, None)
     check_resumable(kwargs, mine, None, fitting=False)  # validate / test / predict / export
