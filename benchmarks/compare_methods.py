@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import sys
 import time
 import warnings
@@ -36,20 +36,37 @@ from compare.runs import RunCache, timing  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, required=True, help="folder of runs/, results.json and the plots")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--work", action="store_true", help="train every run the protocol needs (sweep first), "
-                      "skipping runs that are cached or that another process is training")  # fmt: skip
-    mode.add_argument("--report", action="store_true", help="statistics, results.json, plots and tables from the cached runs")
+    mode.add_argument(
+        "--work",
+        action="store_true",
+        help="train every run the protocol needs (sweep first), "
+        "skipping runs that are cached or that another process is training",
+    )
+    mode.add_argument(
+        "--report", action="store_true", help="statistics, results.json, plots and tables from the cached runs"
+    )
     mode.add_argument("--timing", action="store_true", help="seconds per compute unit of each method, side by side")
-    p.add_argument("--quick", action="store_true", help="the small protocol (plan.QUICK: 15k units, 1 rate, 1 sweep "
-                   "seed, 2 reported seeds, no variants); alone, it runs work, timing and report (same schema): "
-                   "< 10 min on 2 cores")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small protocol (plan.QUICK: 15k units, 1 rate, 1 sweep "
+        "seed, 2 reported seeds, no variants); alone, it runs work, timing and report (same schema): "
+        "< 10 min on 2 cores",
+    )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
-    p.add_argument("--docs", type=Path, nargs="*", default=[],
-                   help="--report: also rewrite the generated region of these files (docs/results.md gets the "
-                        "tables, README.md the headline sentence)")  # fmt: skip
+    p.add_argument(
+        "--docs",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="--report: also rewrite the generated region of these files (docs/results.md gets the "
+        "tables, README.md the headline sentence)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the protocol's)")
     args = p.parse_args(argv)
     if not (args.work or args.report or args.timing):
@@ -99,8 +116,10 @@ def plot_links(results: dict[str, Any], out: Path, doc: Path) -> str:
     if not results["methods"]:
         return ""
     rel = Path(os.path.relpath(out.resolve(), doc.resolve().parent))
-    return "".join(f"\n\n![held-out reward against {what}]({(rel / name).as_posix()})"
-                   for what, name in (("compute", "reward_vs_compute.png"), ("sampling NFE", "reward_vs_nfe.png")))
+    return "".join(
+        f"\n\n![held-out reward against {what}]({(rel / name).as_posix()})"
+        for what, name in (("compute", "reward_vs_compute.png"), ("sampling NFE", "reward_vs_nfe.png"))
+    )
 
 
 def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Path] = ()) -> dict[str, Any]:

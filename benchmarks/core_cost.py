@@ -89,8 +89,12 @@ def advantage_cost(repeats: int) -> None:
     P = 80
     gen = torch.Generator().manual_seed(0)
     tree = rollout(
-        lambda x, t, c: torch.zeros_like(x), step, spec, torch.zeros(P),
-        torch.randn(P, 1, 2, 2, generator=gen), generator=gen,
+        lambda x, t, c: torch.zeros_like(x),
+        step,
+        spec,
+        torch.zeros(P),
+        torch.randn(P, 1, 2, 2, generator=gen),
+        generator=gen,
     )
     rewards = torch.randn(tree.num_leaves, generator=gen)
     print(f"\n## Advantages on {tree.num_edges} edges, {tree.num_leaves} leaves, {P} prompts\n")
@@ -99,8 +103,12 @@ def advantage_cost(repeats: int) -> None:
     for method in METHODS:
         sec = timed(
             lambda: tree_advantages(
-                rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt,
-                method=method, edge_old_log_prob=tree.edge_old_log_prob,
+                rewards,
+                tree.edge_parent,
+                tree.leaf_edge,
+                tree.leaf_prompt,
+                method=method,  # noqa: B023 (timed calls it in this iteration only)
+                edge_old_log_prob=tree.edge_old_log_prob,
             ),
             repeats,
         )
@@ -124,8 +132,10 @@ def rollout_cost(repeats: int, size: int, device: str) -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    results = {name: timed(lambda s=s, b=b: run(s, b), repeats) for name, s, b in
-               [("tree k3 d3", tree, 64), ("flat G=27", flat, 64), ("tree, one call per node", per_node, 1)]}
+    results = {
+        name: timed(lambda s=s, b=b: run(s, b), repeats)
+        for name, s, b in [("tree k3 d3", tree, 64), ("flat G=27", flat, 64), ("tree, one call per node", per_node, 1)]
+    }
     print(f"\n## Rollout of 27 leaves, T={T}, conv model on 4x{size}x{size} latents, {device}\n")
     print("| rollout | NFE | seconds | time / tree's |")
     print("|---|---|---|---|")

@@ -34,22 +34,49 @@ import zlib
 import torch
 from torch import Tensor
 
-from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout, source_minibatches, tree_advantages
+from lit_treegrpo.core import (
+    ClippedPolicyLoss,
+    TreeSpec,
+    recompute_log_probs,
+    rollout,
+    source_minibatches,
+    tree_advantages,
+)
 from lit_treegrpo.models.base import Cond
 from lit_treegrpo.models.flow import FlowMatchingAdapter
 from lit_treegrpo.models.lora import SD3_LORA_TARGETS, LoraSettings
 from lit_treegrpo.models.sd3 import sd3_transformer_forward
 
 SD35_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium, transformer/config.json
-    sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
-    num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
-    pos_embed_max_size=384, qk_norm="rms_norm", dual_attention_layers=tuple(range(13)),
-)  # fmt: skip
+    sample_size=128,
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=24,
+    attention_head_dim=64,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    caption_projection_dim=1536,
+    pooled_projection_dim=2048,
+    pos_embed_max_size=384,
+    qk_norm="rms_norm",
+    dual_attention_layers=tuple(range(13)),
+)
 TINY = dict(
-    sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
-    num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
-    pos_embed_max_size=16, qk_norm="rms_norm", dual_attention_layers=(0,),
-)  # fmt: skip
+    sample_size=16,
+    patch_size=2,
+    in_channels=4,
+    out_channels=4,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    caption_projection_dim=16,
+    pooled_projection_dim=24,
+    pos_embed_max_size=16,
+    qk_norm="rms_norm",
+    dual_attention_layers=(0,),
+)
 TEXT_TOKENS = 77 + 256  # CLIP + T5 tokens of the SD3 pipeline
 
 
@@ -58,14 +85,30 @@ class RandomSD3Adapter(FlowMatchingAdapter):
 
     lora_layers_arg = "transformer"
 
-    def __init__(self, config: dict, *, dtype: torch.dtype, resolution: int, num_steps: int = 10,
-                 guidance_scale: float = 4.5, noise_level: float = 0.7, dynamics: str = "flow_sde",
-                 lora_rank: int = 32, gradient_checkpointing: bool = True, text_tokens: int = TEXT_TOKENS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: dict,
+        *,
+        dtype: torch.dtype,
+        resolution: int,
+        num_steps: int = 10,
+        guidance_scale: float = 4.5,
+        noise_level: float = 0.7,
+        dynamics: str = "flow_sde",
+        lora_rank: int = 32,
+        gradient_checkpointing: bool = True,
+        text_tokens: int = TEXT_TOKENS,
+    ) -> None:
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-        super().__init__(num_steps=num_steps, guidance_scale=guidance_scale, negative_prompt="",
-                         lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank), decode_batch_size=1,
-                         gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        super().__init__(
+            num_steps=num_steps,
+            guidance_scale=guidance_scale,
+            negative_prompt="",
+            lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank),
+            decode_batch_size=1,
+            gradient_checkpointing=gradient_checkpointing,
+        )
         self._init_flow(noise_level, dynamics)
         torch.manual_seed(0)
         self.denoiser = SD3Transformer2DModel(**config).to(dtype)
@@ -112,8 +155,16 @@ def specs() -> dict[str, tuple[TreeSpec, float]]:
     }
 
 
-def iteration(adapter: RandomSD3Adapter, spec: TreeSpec, fraction: float, prompts: list[str],
-              optimizer: torch.optim.Optimizer, train_batch: int, seed: int, max_batch: int = 64) -> tuple[float, float, int, int]:  # fmt: skip
+def iteration(
+    adapter: RandomSD3Adapter,
+    spec: TreeSpec,
+    fraction: float,
+    prompts: list[str],
+    optimizer: torch.optim.Optimizer,
+    train_batch: int,
+    seed: int,
+    max_batch: int = 64,
+) -> tuple[float, float, int, int]:
     """One timed GRPO iteration: (rollout s, training s, NFE, training forwards)."""
     device = adapter.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -129,7 +180,9 @@ def iteration(adapter: RandomSD3Adapter, spec: TreeSpec, fraction: float, prompt
     adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
     stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
     chosen = torch.randperm(len(stochastic), generator=torch.Generator().manual_seed(seed))
-    trained = torch.tensor([stochastic[i] for i in chosen[: math.ceil(fraction * len(stochastic) - 1e-9)]], device=device)
+    trained = torch.tensor(
+        [stochastic[i] for i in chosen[: math.ceil(fraction * len(stochastic) - 1e-9)]], device=device
+    )
     keep = torch.isin(tree.edge_step, trained)
     sources = int(torch.unique(tree.edge_source[keep]).numel())
     chunks = max(1, -(-sources // train_batch))
@@ -163,33 +216,50 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = TINY if args.tiny else SD35_MEDIUM
     resolution = config["sample_size"] * 8 if args.tiny else args.resolution
-    adapter = RandomSD3Adapter(config, dtype=dtype, resolution=resolution,
-                               lora_rank=4 if args.tiny else 32).to(device)  # fmt: skip
+    adapter = RandomSD3Adapter(config, dtype=dtype, resolution=resolution, lora_rank=4 if args.tiny else 32).to(device)
     optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
     prompts = [f"prompt {i}" for i in range(args.prompts)]
     params = sum(p.numel() for p in adapter.denoiser.parameters()) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
-          f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}\n")  # fmt: skip
+    print(
+        f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
+        f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}\n"
+    )
     chosen = {k: v for k, v in specs().items() if args.methods is None or k in args.methods}
     results: dict[str, dict[str, float]] = {}
     for method, (spec, fraction) in chosen.items():
-        iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, max_batch=args.max_batch)  # warm-up
-        runs = [iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, max_batch=args.max_batch)
-                for r in range(args.repeats)]  # fmt: skip
+        iteration(
+            adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, max_batch=args.max_batch
+        )  # warm-up
+        runs = [
+            iteration(
+                adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, max_batch=args.max_batch
+            )
+            for r in range(args.repeats)
+        ]
         roll, train = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-        results[method] = {"rollout_s": roll, "train_s": train, "total_s": roll + train,
-                           "leaves": spec.num_leaves, "nfe": runs[0][2], "train_forwards": runs[0][3]}  # fmt: skip
+        results[method] = {
+            "rollout_s": roll,
+            "train_s": train,
+            "total_s": roll + train,
+            "leaves": spec.num_leaves,
+            "nfe": runs[0][2],
+            "train_forwards": runs[0][3],
+        }
         print(f"{method}: {roll + train:.2f} s / iteration", flush=True)
-    print("\n| method | leaves / prompt | NFE | training forwards | rollout s | training s | iteration s "
-          "| speed-up vs dancegrpo_g12 | speed-up vs dancegrpo_g27 (matched leaves) |")  # fmt: skip
+    print(
+        "\n| method | leaves / prompt | NFE | training forwards | rollout s | training s | iteration s "
+        "| speed-up vs dancegrpo_g12 | speed-up vs dancegrpo_g27 (matched leaves) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for method, r in results.items():
         ratios = []
         for ref in ("dancegrpo_g12", "dancegrpo_g27"):
             ratios.append(f"{results[ref]['total_s'] / r['total_s']:.2f}x" if ref in results else "—")
-        print(f"| {method} | {r['leaves']} | {r['nfe']} | {r['train_forwards']} | {r['rollout_s']:.2f} | "
-              f"{r['train_s']:.2f} | {r['total_s']:.2f} | {ratios[0]} | {ratios[1]} |")  # fmt: skip
+        print(
+            f"| {method} | {r['leaves']} | {r['nfe']} | {r['train_forwards']} | {r['rollout_s']:.2f} | "
+            f"{r['train_s']:.2f} | {r['total_s']:.2f} | {ratios[0]} | {ratios[1]} |"
+        )
     return results
 
 

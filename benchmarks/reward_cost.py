@@ -45,9 +45,7 @@ def seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def throughput(
-    reward: RewardModel, images: torch.Tensor, prompts: list[str], repeats: int
-) -> tuple[float, float]:
+def throughput(reward: RewardModel, images: torch.Tensor, prompts: list[str], repeats: int) -> tuple[float, float]:
     """(images/s batched, images/s one by one)."""
     n = images.shape[0]
     batched = seconds(lambda: reward(images, prompts), repeats)
@@ -90,16 +88,12 @@ def tiny_image_reward(folder: Path):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=16, help="images per batch")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--image-reward", action="store_true", help="also ImageReward (needs the extra)"
-    )
+    parser.add_argument("--image-reward", action="store_true", help="also ImageReward (needs the extra)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -23,7 +23,6 @@ import statistics
 import time
 
 import torch
-
 from _measure import peak_rss_mb, reset_peak_rss, rss_mb
 
 SIZES = {  # name -> (layers, heads, head_dim, text width)
@@ -111,18 +110,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     ctx = mp.get_context("spawn")
     rows = []
-    print(f"\n## Tree (k=3 at steps 0-2) vs flat (27 SDE chains), 27 leaves per prompt, {args.prompts} prompts, "
-          f"{args.threads} thread(s), max_batch {args.max_batch}\n")  # fmt: skip
-    print("| model | params (M) | T | kind | NFE rollout | train forwards | rollout s | train s | iteration s "
-          "| flat / tree | peak RSS (MB) | peak increase (MB) |")  # fmt: skip
+    print(
+        f"\n## Tree (k=3 at steps 0-2) vs flat (27 SDE chains), 27 leaves per prompt, {args.prompts} prompts, "
+        f"{args.threads} thread(s), max_batch {args.max_batch}\n"
+    )
+    print(
+        "| model | params (M) | T | kind | NFE rollout | train forwards | rollout s | train s | iteration s "
+        "| flat / tree | peak RSS (MB) | peak increase (MB) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
         for num_steps in args.steps:
             pair = {}
             for kind in ("tree", "flat"):
                 queue = ctx.Queue()
-                proc = ctx.Process(target=_child, args=(queue, size, num_steps, kind, args.prompts, args.repeats,
-                                                        args.threads, args.max_batch))  # fmt: skip
+                proc = ctx.Process(
+                    target=_child,
+                    args=(queue, size, num_steps, kind, args.prompts, args.repeats, args.threads, args.max_batch),
+                )
                 proc.start()
                 r = queue.get()
                 proc.join()
@@ -134,9 +139,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for kind, r in pair.items():
                 total = r["rollout_s"] + r["train_s"]
                 ratio = f"{total / tree_s:.2f}x" if kind == "flat" else "1x"
-                print(f"| {size} | {r['params_m']:.2f} | {num_steps} | {kind} | {r['nfe']} | {r['train_forwards']} | "
-                      f"{r['rollout_s']:.3f} | {r['train_s']:.3f} | {total:.3f} | {ratio} | {r['peak_mb']:.0f} | "
-                      f"{r['increase_mb']:.0f} |", flush=True)  # fmt: skip
+                print(
+                    f"| {size} | {r['params_m']:.2f} | {num_steps} | {kind} | {r['nfe']} | {r['train_forwards']} | "
+                    f"{r['rollout_s']:.3f} | {r['train_s']:.3f} | {total:.3f} | {ratio} | {r['peak_mb']:.0f} | "
+                    f"{r['increase_mb']:.0f} |",
+                    flush=True,
+                )
     return rows
 
 

@@ -23,16 +23,24 @@ import multiprocessing as mp
 import resource
 
 import torch
-
 from _measure import peak_rss_mb, reset_peak_rss, rss_mb
 
 LEAVES = {8: 2, 27: 3, 64: 4}  # leaves per prompt -> branching k at three splits (k^3 leaves)
 NUM_STEPS = 10
 # Shapes-world prompts, so that the Shapes model knows every word (the other models do not care)
-PROMPTS = ["a red circle", "a blue square", "a green triangle", "a large yellow circle on the left", "a small white square", "a magenta triangle at the top"]
+PROMPTS = [
+    "a red circle",
+    "a blue square",
+    "a green triangle",
+    "a large yellow circle on the left",
+    "a small white square",
+    "a magenta triangle at the top",
+]
 
 
-def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, max_batch: int | None, device: str) -> dict:
+def measure(
+    adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, max_batch: int | None, device: str
+) -> dict:
     from lit_treegrpo.core import TreeSpec, rollout
     from lit_treegrpo.core.memory import cond_row_bytes, rollout_memory
 
@@ -48,7 +56,15 @@ def measure(adapter_path: str, adapter_kwargs: dict, leaves: int, prompts: int, 
     gens = [torch.Generator(device).manual_seed(i) for i in range(P)]
     cond = adapter.encode_prompts(names)
     noise = torch.cat([adapter.initial_noise(1, g) for g in gens])  # [P, *S]
-    estimate = rollout_memory(spec, P, tuple(noise.shape[1:]), noise.dtype, cond_bytes=cond_row_bytes(cond), cfg=adapter.do_cfg, max_batch=max_batch)
+    estimate = rollout_memory(
+        spec,
+        P,
+        tuple(noise.shape[1:]),
+        noise.dtype,
+        cond_bytes=cond_row_bytes(cond),
+        cfg=adapter.do_cfg,
+        max_batch=max_batch,
+    )
     # a warm-up rollout of one chain per prompt: lazy initialisation is not the tree's memory
     rollout(adapter.predict, adapter.step, TreeSpec(NUM_STEPS), cond, noise)
     if device.startswith("cuda"):
@@ -83,22 +99,41 @@ def _child(queue, *args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--adapter", default="lit_treegrpo.models.tiny.TinySD3Adapter", help="import path of a DiffusionAdapter class")
-    parser.add_argument("--adapter-kwargs", "--adapter_kwargs", dest="adapter_kwargs", default="{}", help="JSON keyword arguments of the adapter (num_steps is 10)")
+    parser.add_argument(
+        "--adapter", default="lit_treegrpo.models.tiny.TinySD3Adapter", help="import path of a DiffusionAdapter class"
+    )
+    parser.add_argument(
+        "--adapter-kwargs",
+        "--adapter_kwargs",
+        dest="adapter_kwargs",
+        default="{}",
+        help="JSON keyword arguments of the adapter (num_steps is 10)",
+    )
     parser.add_argument("--prompts", type=int, default=4, help="prompts per rollout")
-    parser.add_argument("--max-batch", "--max_batch", dest="max_batch", type=int, default=16, help="nodes per model call of the chunked rows")
+    parser.add_argument(
+        "--max-batch",
+        "--max_batch",
+        dest="max_batch",
+        type=int,
+        default=16,
+        help="nodes per model call of the chunked rows",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     kwargs = json.loads(args.adapter_kwargs)
     ctx = mp.get_context("spawn")
     where = "peak RSS" if args.device == "cpu" else "peak allocated"
-    print(f"\n## {args.adapter} {kwargs or ''}, {args.prompts} prompts, T={NUM_STEPS}, splits at 0, 1, 2, {args.device}\n")
+    print(
+        f"\n## {args.adapter} {kwargs or ''}, {args.prompts} prompts, T={NUM_STEPS}, splits at 0, 1, 2, {args.device}\n"
+    )
     print(f"| leaves / prompt | max_batch | model calls | estimate (MB) | {where} (MB) | rollout increase (MB) |")
     print("|---|---|---|---|---|---|")
     for leaves in LEAVES:
         for max_batch in (args.max_batch, None):
             queue = ctx.Queue()
-            proc = ctx.Process(target=_child, args=(queue, args.adapter, kwargs, leaves, args.prompts, max_batch, args.device))
+            proc = ctx.Process(
+                target=_child, args=(queue, args.adapter, kwargs, leaves, args.prompts, max_batch, args.device)
+            )
             proc.start()
             r = queue.get()
             proc.join()

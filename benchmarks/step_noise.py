@@ -68,7 +68,9 @@ def summary(values: list[float]) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     adapter_kwargs = json.loads(args.adapter_kwargs)
     samplers = json.loads(args.samplers)
-    data = PromptDataModule(args.prompts, batch_size=1, val_fraction=args.val_fraction, val_size=args.num_prompts, seed=0)
+    data = PromptDataModule(
+        args.prompts, batch_size=1, val_fraction=args.val_fraction, val_size=args.num_prompts, seed=0
+    )
     prompts = (data.val_set.prompts if args.val_fraction > 0 else data.train_set.prompts)[: args.num_prompts]
     reward = build_reward(args.reward)
     rows: list[dict[str, Any]] = []
@@ -81,14 +83,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         T = adapter.num_steps
         label = ", ".join(f"{k} {v}" for k, v in sampler.items())
         specs = [("ODE (no stochastic step)", None, TreeSpec(T, num_trees=args.chains))]
-        specs += [(f"SDE at step {t} only", t, TreeSpec(T, sde_steps=(t,), num_trees=args.chains)) for t in range(T - 1)]
-        specs += [(f"SDE at steps 0..{T - 2} (flat GRPO)", "all", TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=args.chains))]
+        specs += [
+            (f"SDE at step {t} only", t, TreeSpec(T, sde_steps=(t,), num_trees=args.chains)) for t in range(T - 1)
+        ]
+        specs += [
+            (
+                f"SDE at steps 0..{T - 2} (flat GRPO)",
+                "all",
+                TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=args.chains),
+            )
+        ]
         for name, step, spec in specs:
             start = time.perf_counter()
             per_prompt = score(adapter, reward, spec, prompts, args.seed)
             rows.append({"sampler": label, "rows": name, "step": step, **summary(per_prompt), "per_prompt": per_prompt})
-            print(f"{label:>32} | {name:<32} reward {rows[-1]['mean']:.4f} ± {rows[-1]['sem']:.4f} "
-                  f"({time.perf_counter() - start:.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"{label:>32} | {name:<32} reward {rows[-1]['mean']:.4f} ± {rows[-1]['sem']:.4f} "
+                f"({time.perf_counter() - start:.1f} s)",
+                flush=True,
+            )
     return {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "prompts": prompts,
@@ -120,17 +133,27 @@ def table(report: dict[str, Any]) -> str:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for step_noise.json and step_noise.md")
-    p.add_argument("--adapter", default="lit_treegrpo.models.shapes.ShapesAdapter", help="import path of a DiffusionAdapter class")
+    p.add_argument(
+        "--adapter", default="lit_treegrpo.models.shapes.ShapesAdapter", help="import path of a DiffusionAdapter class"
+    )
     p.add_argument("--adapter-kwargs", default="{}", help="JSON keyword arguments of the adapter")
-    p.add_argument("--samplers", default=DEFAULT_SAMPLERS,
-                   help="JSON list of adapter keyword sets, one column each (flow adapters: dynamics, noise_level; "
-                        "SD 1.x: eta)")  # fmt: skip
+    p.add_argument(
+        "--samplers",
+        default=DEFAULT_SAMPLERS,
+        help="JSON list of adapter keyword sets, one column each (flow adapters: dynamics, noise_level; SD 1.x: eta)",
+    )
     p.add_argument("--reward", default="shapes", help="registered reward name")
     p.add_argument("--prompts", default="shapes_world", help="prompt file or built-in set")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="score the held-out split of --prompts (as compare_methods does); 0 takes the first prompts")  # fmt: skip
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="score the held-out split of --prompts (as compare_methods does); 0 takes the first prompts",
+    )
     p.add_argument("--num-prompts", type=int, default=12, help="prompts scored")
     p.add_argument("--chains", type=int, default=27, help="samples per prompt")
     p.add_argument("--steps", type=int, default=10, help="denoising steps T")

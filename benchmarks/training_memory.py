@@ -1,6 +1,6 @@
 """Peak memory of one training micro-batch (forward and backward of ``U`` parents with their
 children, as the module's training pass runs it) next to the training guard's estimate
-(:func:`lit_treegrpo.memory_guard.probe_training`, :func:`lit_treegrpo.core.memory.training_memory`).
+(:func:`lit_treegrpo.training.memory_probe.probe_training`, :func:`lit_treegrpo.core.memory.training_memory`).
 
 The peak is the most tensor bytes alive at once during the micro-batch, counted on any device by
 a dispatch mode that follows every storage an operation creates until it is freed: what an
@@ -69,7 +69,7 @@ def measure(adapter: Any, parents: int, children: int) -> int:
 def rows(adapter_path: str, adapter_kwargs: dict, device: str) -> list[dict]:
     from lit_treegrpo.core.memory import training_memory
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.memory_guard import probe_training
+    from lit_treegrpo.training.memory_probe import probe_training
 
     torch.set_num_threads(1)
     module, _, name = adapter_path.rpartition(".")
@@ -83,32 +83,52 @@ def rows(adapter_path: str, adapter_kwargs: dict, device: str) -> list[dict]:
             noise = adapter.initial_noise(1, torch.Generator(device).manual_seed(0))
             saved = probe_training(adapter, spec, cond, noise)
             trainable = sum(p.numel() * p.element_size() for p in adapter.trainable_parameters())
-            estimate = training_memory(saved, checkpointing=checkpointing, trainable_bytes=trainable,
-                                       optimizer_state_bytes=0, held_bytes=0)  # fmt: skip
+            estimate = training_memory(
+                saved, checkpointing=checkpointing, trainable_bytes=trainable, optimizer_state_bytes=0, held_bytes=0
+            )
             peaks = [measure(adapter, parents, 2) for parents in PARENTS]
             slope = (peaks[-1] - peaks[0]) / (PARENTS[-1] - PARENTS[0])
-            results.append({
-                "cfg": adapter.do_cfg, "checkpointing": checkpointing, "per_parent": estimate.per_parent,
-                "slope": slope, "estimates": [estimate.total(u) for u in PARENTS], "peaks": peaks,
-            })  # fmt: skip
+            results.append(
+                {
+                    "cfg": adapter.do_cfg,
+                    "checkpointing": checkpointing,
+                    "per_parent": estimate.per_parent,
+                    "slope": slope,
+                    "estimates": [estimate.total(u) for u in PARENTS],
+                    "peaks": peaks,
+                }
+            )
     return results
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--adapter", default="lit_treegrpo.models.tiny.TinySD3Adapter", help="import path of a DiffusionAdapter class")
-    parser.add_argument("--adapter-kwargs", "--adapter_kwargs", dest="adapter_kwargs", default="{}", help="JSON keyword arguments of the adapter")
+    parser.add_argument(
+        "--adapter", default="lit_treegrpo.models.tiny.TinySD3Adapter", help="import path of a DiffusionAdapter class"
+    )
+    parser.add_argument(
+        "--adapter-kwargs",
+        "--adapter_kwargs",
+        dest="adapter_kwargs",
+        default="{}",
+        help="JSON keyword arguments of the adapter",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
     results = rows(args.adapter, json.loads(args.adapter_kwargs), args.device)
     print(f"\n## {args.adapter}, T={NUM_STEPS}, 2 children per parent, {args.device}\n")
-    print("| CFG | checkpointing | estimate / parent (kB) | measured slope (kB) | estimate / measured | "
-          + " | ".join(f"{u} parents: estimate / peak (kB)" for u in PARENTS) + " |")  # fmt: skip
+    print(
+        "| CFG | checkpointing | estimate / parent (kB) | measured slope (kB) | estimate / measured | "
+        + " | ".join(f"{u} parents: estimate / peak (kB)" for u in PARENTS)
+        + " |"
+    )
     print("|---|---|---|---|---|" + "---|" * len(PARENTS))
     for r in results:
         pairs = " | ".join(f"{e / 1e3:.0f} / {p / 1e3:.0f}" for e, p in zip(r["estimates"], r["peaks"]))
-        print(f"| {r['cfg']} | {r['checkpointing']} | {r['per_parent'] / 1e3:.0f} | {r['slope'] / 1e3:.0f} | "
-              f"{r['per_parent'] / r['slope']:.2f} | {pairs} |")  # fmt: skip
+        print(
+            f"| {r['cfg']} | {r['checkpointing']} | {r['per_parent'] / 1e3:.0f} | {r['slope'] / 1e3:.0f} | "
+            f"{r['per_parent'] / r['slope']:.2f} | {pairs} |"
+        )
     return results
 
 

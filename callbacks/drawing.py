@@ -81,8 +81,14 @@ def fmt(value: float) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.3g}"
 
 
-def captioned_grid(images: Tensor, prompts: Sequence[str], column_labels: Sequence[str],
-                   rewards: Tensor | None, padding: int = 2, title: str = "") -> Any:  # fmt: skip
+def captioned_grid(
+    images: Tensor,
+    prompts: Sequence[str],
+    column_labels: Sequence[str],
+    rewards: Tensor | None,
+    padding: int = 2,
+    title: str = "",
+) -> Any:
     """The sample grid with its captions, as a PIL image: ``images`` [R, C, 3, H, W] in [0, 1] (row
     ``r`` is ``prompts[r]``, column ``c`` is ``column_labels[c]``), the prompt written left of each
     row, the column labels above, and under every image its reward (``rewards`` [R, C]) if given."""
@@ -126,9 +132,20 @@ def _leaf_ranges(edge_parent: Tensor, leaf_edge: Tensor) -> tuple[list[float], l
     return [t / max(n, 1) for t, n in zip(total, count)], count
 
 
-def draw_tree(*, edge_parent: Tensor, edge_source: Tensor, edge_depth: Tensor, edge_step: Tensor, advantages: Tensor,
-              keep: Tensor, leaf_edge: Tensor, leaf_images: Tensor, rewards: Tensor, title: Sequence[str],
-              scale: int = 1) -> Any:  # fmt: skip
+def draw_tree(
+    *,
+    edge_parent: Tensor,
+    edge_source: Tensor,
+    edge_depth: Tensor,
+    edge_step: Tensor,
+    advantages: Tensor,
+    keep: Tensor,
+    leaf_edge: Tensor,
+    leaf_images: Tensor,
+    rewards: Tensor,
+    title: Sequence[str],
+    scale: int = 1,
+) -> Any:
     """One prompt's rollout tree as a PIL image: the root(s) on top, one row per depth of recorded
     (stochastic) edges, labelled with the denoising step they sample; every edge drawn from its
     parent's end to its own, coloured by the sign of its advantage (written beside it), and a
@@ -175,7 +192,7 @@ def draw_tree(*, edge_parent: Tensor, edge_source: Tensor, edge_depth: Tensor, e
         steps = sorted({int(edge_step[e]) for e in range(E) if int(edge_depth[e]) == level})
         label = "t=" + ",".join(map(str, steps[:3])) + ("..." if len(steps) > 3 else "")
         draw.text((6, y_of(level) - LINE_H // 2), label, fill=INK, font=face)
-    for source, x in root_x.items():
+    for x in root_x.values():
         cx, cy = x_of(x), y_of(-1)
         draw.ellipse((cx - 4, cy - 4, cx + 4, cy + 4), fill=INK)
     labels: list[tuple[int, int, str, tuple[int, int, int]]] = []  # drawn over the lines, on white

@@ -1,4 +1,4 @@
-"""The export of ``python -m lit_treegrpo export`` at the end of a fit (:mod:`lit_treegrpo.export`)."""
+"""The export of ``python -m lit_treegrpo export`` at the end of a fit (:mod:`lit_treegrpo.runs.export`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
+
+from lit_treegrpo.runs.export import check_out, export
 
 from .ema import EMA
 
@@ -31,8 +33,6 @@ class ExportOnTrainEnd(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from lit_treegrpo.export import check_out
-
         if stage == "fit" and trainer.is_global_zero:
             check_out(self._folder(trainer))  # a bad --out fails before training, not after it
 
@@ -41,8 +41,6 @@ class ExportOnTrainEnd(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from lit_treegrpo.export import export
-
         if not trainer.is_global_zero:
             return
         emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)] if self.ema else []
@@ -52,6 +50,12 @@ class ExportOnTrainEnd(Callback):
             "reward": float(metrics["reward"]) if "reward" in metrics else None,
             "held_out_reward": float(metrics["val/reward"]) if "val/reward" in metrics else None,
         }
-        self.written = export(pl_module, self._folder(trainer), merged=self.merged, ema=state, metrics=rewards,
-                              optimizer_steps=trainer.global_step)  # fmt: skip
+        self.written = export(
+            pl_module,
+            self._folder(trainer),
+            merged=self.merged,
+            ema=state,
+            metrics=rewards,
+            optimizer_steps=trainer.global_step,
+        )
         rank_zero_info(f"exported the trained weights to {self.written}")

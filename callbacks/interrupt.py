@@ -2,7 +2,7 @@
 
 Lightning already turns SIGTERM (a pre-empted node, ``kill``) into a stop at the end of the
 current training step; this callback then writes ``<checkpoints>/last.ckpt`` (through the
-trainer's CheckpointIO: the CLI installs :class:`lit_treegrpo.checkpoint.AtomicCheckpointIO`, so a
+trainer's CheckpointIO: the CLI installs :class:`lit_treegrpo.runs.checkpoint.AtomicCheckpointIO`, so a
 kill during the write leaves the previous file intact), so that ``--ckpt_path last`` continues
 with nothing lost. The signal may come at any point of the step, in the rollout or the training
 pass: the step in flight finishes first (tested for both, with SIGTERM and Ctrl-C). A first Ctrl-C asks for the same graceful stop;
@@ -73,7 +73,9 @@ class CheckpointOnInterrupt(pl.Callback):
         trainer.save_checkpoint(path)
         self.saved_to = path
         step = getattr(pl_module, "iteration", trainer.global_step)
-        rank_zero_info(f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last")
+        rank_zero_info(
+            f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last"
+        )
 
     @override
     def on_validation_batch_start(

@@ -72,7 +72,9 @@ class KeepLastCheckpoint(pl.Callback):
         self._saved_at: tuple[int, Any] | None = None  # the position of the fit's latest checkpoint write
 
     @override
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         # every callback's on_load_checkpoint runs before any load_state_dict, and with the same
         # dict: the state is renamed here, then ModelCheckpoint restores it as in the old folder
         resumed = trainer.ckpt_path
@@ -90,7 +92,9 @@ class KeepLastCheckpoint(pl.Callback):
             states[callback.state_key] = rebased_state(state, str(callback.dirpath))
 
     @override
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         self._saved_at = _position(trainer, pl_module)
 
     @override

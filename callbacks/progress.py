@@ -49,8 +49,9 @@ class ProgressLines(Callback):
             take minutes per iteration); ``null`` for iterations only.
     """
 
-    def __init__(self, every_n_iterations: int = 10, every_n_seconds: float | None = 300.0,
-                 stream: TextIO | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, every_n_iterations: int = 10, every_n_seconds: float | None = 300.0, stream: TextIO | None = None
+    ) -> None:
         if every_n_iterations < 1:
             raise ValueError(f"ProgressLines.every_n_iterations must be >= 1, got {every_n_iterations}")
         if every_n_seconds is not None and every_n_seconds <= 0:
@@ -93,8 +94,14 @@ class ProgressLines(Callback):
         self._start = (now, pl_module.iteration, trainer.global_step)
         self._last = (now, pl_module.iteration)
         total = self._total(trainer)
-        until = f"to iteration {total}" if total else (
-            f"to optimizer step {trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else "without a limit"
+        until = (
+            f"to iteration {total}"
+            if total
+            else (
+                f"to optimizer step {trainer.max_steps}"
+                if trainer.max_steps and trainer.max_steps > 0
+                else "without a limit"
+            )
         )
         self._print(trainer, f"training from iteration {pl_module.iteration} {until}")
 
@@ -139,7 +146,9 @@ class ProgressLines(Callback):
             return
         took = time.perf_counter() - self._start[0]
         done = pl_module.iteration - self._start[1]
-        self._print(trainer, f"finished at iteration {pl_module.iteration}: {done} iterations in {format_duration(took)}")
+        self._print(
+            trainer, f"finished at iteration {pl_module.iteration}: {done} iterations in {format_duration(took)}"
+        )
 
 
 class CompactModelSummary(ModelSummary):
@@ -148,8 +157,15 @@ class CompactModelSummary(ModelSummary):
 
     @staticmethod
     @override
-    def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
-                  model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs: Any) -> None:  # fmt: skip
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **kwargs: Any,
+    ) -> None:
         columns = dict(summary_data)
         parts = [f"{n} ({t})" for n, t in zip(columns.get("Name", []), columns.get("Type", []))]
         rank_zero_info(

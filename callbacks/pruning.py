@@ -70,13 +70,24 @@ class PruningSchedule(Callback):
         seed: int = 0,
     ) -> None:
         self.schedule = Schedule(
-            width=width, width_fraction=width_fraction, extreme_n=extreme_n, ratio=ratio,
-            depth_window=depth_window, depth_every=depth_every, depth_shift=depth_shift,
-            depth_start=depth_start, depth_stop=depth_stop, depth_direction=depth_direction,
-            depth_mode=depth_mode, step_fraction=step_fraction, seed=seed,
-        )  # fmt: skip
+            width=width,
+            width_fraction=width_fraction,
+            extreme_n=extreme_n,
+            ratio=ratio,
+            depth_window=depth_window,
+            depth_every=depth_every,
+            depth_shift=depth_shift,
+            depth_start=depth_start,
+            depth_stop=depth_stop,
+            depth_direction=depth_direction,
+            depth_mode=depth_mode,
+            step_fraction=step_fraction,
+            seed=seed,
+        )
 
-    def config_at(self, iteration: int, max_steps: int | None, stochastic_steps: tuple[int, ...] | list[int] = ()) -> PruningConfig:
+    def config_at(
+        self, iteration: int, max_steps: int | None, stochastic_steps: tuple[int, ...] | list[int] = ()
+    ) -> PruningConfig:
         """The schedule's pruning at ``iteration`` (:meth:`Schedule.at`)."""
         return self.schedule.at(iteration, max_steps, stochastic_steps)
 

@@ -104,8 +104,9 @@ class SampleDiversity(Metric):
         x = x.reshape(x.shape[0], -1, *x.shape[-2:])  # frames stacked as channels: [N, F * 3, H, W]
         side = max(x.shape[-2:])
         if side > self.max_side:
-            x = torch.nn.functional.adaptive_avg_pool2d(x, (self.max_side * x.shape[-2] // side,
-                                                            self.max_side * x.shape[-1] // side))  # fmt: skip
+            x = torch.nn.functional.adaptive_avg_pool2d(
+                x, (self.max_side * x.shape[-2] // side, self.max_side * x.shape[-1] // side)
+            )
         flat = x.flatten(1)  # [N, D]
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(prompts):
@@ -152,17 +153,13 @@ def format_table(rows: dict[str, tuple[float, ...]], columns: tuple[str, ...], k
 
     def lines(items: list[tuple[int, tuple[str, tuple[float, ...]]]]) -> str:
         return "".join(
-            f"| {i + 1} | {_cell(p)} | " + " | ".join(_fmt(x) for x in values) + " |\n"
-            for i, (p, values) in items
+            f"| {i + 1} | {_cell(p)} | " + " | ".join(_fmt(x) for x in values) + " |\n" for i, (p, values) in items
         )
 
     numbered = list(enumerate(ranked))
     if len(ranked) <= 2 * k:
         return f"{title}\n\n{header}{lines(numbered)}"
-    return (
-        f"{title}\n\n**best {k}**\n\n{header}{lines(numbered[:k])}\n"
-        f"**worst {k}**\n\n{header}{lines(numbered[-k:])}"
-    )
+    return f"{title}\n\n**best {k}**\n\n{header}{lines(numbered[:k])}\n**worst {k}**\n\n{header}{lines(numbered[-k:])}"
 
 
 class RewardMetrics(Callback):
@@ -189,9 +186,7 @@ class RewardMetrics(Callback):
         if table_size < 1:
             raise ValueError(f"RewardMetrics.table_size must be >= 1, got {table_size}")
         if prompt_key != "reward" and not prompt_key.startswith("reward/"):
-            raise ValueError(
-                f"RewardMetrics.prompt_key must be 'reward' or 'reward/<component>', got {prompt_key!r}"
-            )
+            raise ValueError(f"RewardMetrics.prompt_key must be 'reward' or 'reward/<component>', got {prompt_key!r}")
         self.prompt_key = prompt_key
         self.log_components = log_components
         self.per_prompt_extremes = per_prompt_extremes
@@ -227,8 +222,7 @@ class RewardMetrics(Callback):
         values.update({f"reward/{k}": v for k, v in outputs.get("reward_components", {}).items()})
         if self.per_prompt_extremes and self.prompt_key not in values:
             raise ValueError(
-                f"RewardMetrics.prompt_key={self.prompt_key!r} is not among this {where}'s rewards "
-                f"{sorted(values)}"
+                f"RewardMetrics.prompt_key={self.prompt_key!r} is not among this {where}'s rewards {sorted(values)}"
             )
         for name, v in values.items():
             if v.ndim != 1 or v.shape[0] != len(prompts):

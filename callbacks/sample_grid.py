@@ -172,7 +172,9 @@ class SampleGridLogger(EveryNIterations):
             P, S = cells.shape[:2]
             full = cells[:, :, :, :: self.scale, :: self.scale].flatten(0, 1)  # [P*S, 3, H, W] unscaled
             with torch.no_grad():
-                scores = reward.score(full.to(pl_module.device), [p for p in self.prompts for _ in range(S)], check=False)
+                scores = reward.score(
+                    full.to(pl_module.device), [p for p in self.prompts for _ in range(S)], check=False
+                )
             rewards = scores.total.float().cpu().view(P, S)
         labels = [f"seed {s}" for s in self.seeds]
         title = f"iteration {iteration}" + ("   (reward under each image)" if rewards is not None else "")
@@ -188,7 +190,9 @@ class SampleGridLogger(EveryNIterations):
         if cells.ndim == 6:  # videos: a GIF of the grid per frame, and its filmstrip as the image
             grid = self._grid(cells)  # [F, 3, H', W']
             frames = torch.stack([to_uint8_hwc(f) for f in grid])  # [F, H', W', 3]
-            pixels = to_uint8_hwc(make_grid(grid[strip_frames(len(grid), self.strip_frames)][None], padding=self.padding))
+            pixels = to_uint8_hwc(
+                make_grid(grid[strip_frames(len(grid), self.strip_frames)][None], padding=self.padding)
+            )
         elif self.captions:
             pixels = torch.from_numpy(np.asarray(self.captioned(pl_module, cells, iteration)).copy())  # [H, W, 3]
         else:  # quantised once: TensorBoard and the PNG hold the same bytes

@@ -46,8 +46,16 @@ class TreeView(EveryNIterations):
         scale: enlarge every leaf image by this integer factor (16 px Shapes images need 3-4).
     """
 
-    def __init__(self, prompt: str = "a red circle", seed: int = 0, every_n_steps: int = 50, log_at_start: bool = True,
-                 tag: str = "tree", save_png: bool = True, scale: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prompt: str = "a red circle",
+        seed: int = 0,
+        every_n_steps: int = 50,
+        log_at_start: bool = True,
+        tag: str = "tree",
+        save_png: bool = True,
+        scale: int = 1,
+    ) -> None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"TreeView.prompt must be a non-empty prompt, got {prompt!r}")
         if every_n_steps < 1:
@@ -80,15 +88,29 @@ class TreeView(EveryNIterations):
         generator = seeded(self.seed, device=adapter.device)
         cond = adapter.encode_prompts([self.prompt])
         noise = root_noise(adapter.initial_noise, [generator], spec)  # [num_trees, *S]
-        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=[generator],
-                       max_batch=pl_module.rollout_limits.max_batch)
+        tree = rollout(
+            adapter.predict,
+            adapter.step,
+            spec,
+            cond,
+            noise,
+            generator=[generator],
+            max_batch=pl_module.rollout_limits.max_batch,
+        )
         images = adapter.decode(tree.leaf_latents)  # [L, 3, H, W] (or [L, F, 3, H, W] for video)
         rewards = pl_module.reward.score(images, [self.prompt] * tree.num_leaves, check=False).total.float()  # [L]
         advantages = pl_module._advantages(tree, rewards)  # [E], the training step's estimator
         pruning = pl_module.pruning_at(spec)  # the training step's, a PruningSchedule's included
         keep = prune(tree, advantages, pruning)  # [E] bool
-        return {"tree": tree, "images": images, "rewards": rewards, "advantages": advantages, "keep": keep,
-                "pruning": pruning, "spec": spec}  # fmt: skip
+        return {
+            "tree": tree,
+            "images": images,
+            "rewards": rewards,
+            "advantages": advantages,
+            "keep": keep,
+            "pruning": pruning,
+            "spec": spec,
+        }
 
     def picture(self, grown: dict[str, Any], iteration: int) -> Any:
         """The drawn tree (a PIL image) of :meth:`grow`'s result."""
@@ -98,17 +120,30 @@ class TreeView(EveryNIterations):
             f"{tree.num_leaves} leaves, {tree.num_edges} recorded edges, {int(keep.sum())} kept for training; "
             f"reward mean {float(rewards.mean()):.3f}, max {float(rewards.max()):.3f}",
             f"tree: {spec.num_trees} root(s), branching {spec.branching} at steps {list(spec.branch_steps)}"
-            + (f", SDE steps {list(spec.sde_steps)}" if spec.sde_steps else "") + "; "
+            + (f", SDE steps {list(spec.sde_steps)}" if spec.sde_steps else "")
+            + "; "
             f"pruning: {grown['pruning'].width} width"
-            + (f", depth {grown['pruning'].depth_window} {grown['pruning'].depth_mode}" if grown["pruning"].depth_window else ""),
+            + (
+                f", depth {grown['pruning'].depth_window} {grown['pruning'].depth_mode}"
+                if grown["pruning"].depth_window
+                else ""
+            ),
             "edges: green advantage >= 0, red < 0, grey with x = pruned; the number under a node is its edge's advantage",
         ]
         cpu = lambda t: t.detach().cpu()  # noqa: E731
-        return draw_tree(edge_parent=cpu(tree.edge_parent), edge_source=cpu(tree.edge_source),
-                         edge_depth=cpu(tree.edge_depth), edge_step=cpu(tree.edge_step),
-                         advantages=cpu(grown["advantages"]).float(), keep=cpu(keep), leaf_edge=cpu(tree.leaf_edge),
-                         leaf_images=cpu(grown["images"]).float(), rewards=cpu(rewards), title=title,
-                         scale=self.scale)  # fmt: skip
+        return draw_tree(
+            edge_parent=cpu(tree.edge_parent),
+            edge_source=cpu(tree.edge_source),
+            edge_depth=cpu(tree.edge_depth),
+            edge_step=cpu(tree.edge_step),
+            advantages=cpu(grown["advantages"]).float(),
+            keep=cpu(keep),
+            leaf_edge=cpu(tree.leaf_edge),
+            leaf_images=cpu(grown["images"]).float(),
+            rewards=cpu(rewards),
+            title=title,
+            scale=self.scale,
+        )
 
     def log_tree(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         iteration = pl_module.iteration

@@ -81,13 +81,19 @@ class SignalInEval(pl.Callback):
         if batch_idx == self.batch:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._maybe_signal(batch_idx)
 
-    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._maybe_signal(batch_idx)
 
-    def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._maybe_signal(batch_idx)
 
 

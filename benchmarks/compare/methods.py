@@ -89,11 +89,30 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     optimizer = dict(model.get("optimizer") or {})
     if "init_args" in optimizer:
         optimizer["init_args"] = {k: v for k, v in optimizer["init_args"].items() if k != "lr"}
-    callbacks = [c for c in config["trainer"].get("callbacks") or [] if c["class_path"].rsplit(".", 1)[-1] in TRAINING_CALLBACKS]
-    keys = ("reward", "reward_kwargs", "advantage", "loss", "minibatches", "edges_per_update", "accumulate",
-            "inner_epochs", "grad_clip", "lr_scheduler", "compute_cost")  # fmt: skip
-    return {"adapter": adapter, "tree": tree, **{k: model.get(k) for k in keys}, "optimizer": optimizer,
-            "callbacks": callbacks, "data": config["data"]}  # fmt: skip
+    callbacks = [
+        c for c in config["trainer"].get("callbacks") or [] if c["class_path"].rsplit(".", 1)[-1] in TRAINING_CALLBACKS
+    ]
+    keys = (
+        "reward",
+        "reward_kwargs",
+        "advantage",
+        "loss",
+        "minibatches",
+        "edges_per_update",
+        "accumulate",
+        "inner_epochs",
+        "grad_clip",
+        "lr_scheduler",
+        "compute_cost",
+    )
+    return {
+        "adapter": adapter,
+        "tree": tree,
+        **{k: model.get(k) for k in keys},
+        "optimizer": optimizer,
+        "callbacks": callbacks,
+        "data": config["data"],
+    }
 
 
 def description(name: str) -> str:
@@ -168,7 +187,9 @@ def build(spec: RunSpec, root: Path, task: Path = TASK) -> tuple[Any, Any, list[
         if kind in TRAINING_CALLBACKS:
             callbacks.append(callback)
         elif kind not in OBSERVER_CALLBACKS:
-            raise ValueError(f"{preset(spec.method)} or {task} adds the callback {kind}, which the benchmark does not "
-                             "know: list it in benchmarks/compare/methods.py as training or observer")  # fmt: skip
+            raise ValueError(
+                f"{preset(spec.method)} or {task} adds the callback {kind}, which the benchmark does not "
+                "know: list it in benchmarks/compare/methods.py as training or observer"
+            )
     config = json.loads(cli.parser.dump(cli.config, format="json", skip_none=False))
     return cli.model, cli.datamodule, callbacks, {"args": args, "config": config}

@@ -22,7 +22,7 @@ import torch
 
 from . import stats
 from .methods import VARIANT_OF, RunSpec, description
-from .plan import Design, Sweep, curve, sweeps_of, targets
+from .plan import Design, curve, sweeps_of, targets
 from .runs import Run, RunCache
 
 
@@ -35,8 +35,10 @@ def environment() -> dict[str, Any]:
     cpu = "unknown"
     info = Path("/proc/cpuinfo")
     if info.is_file():
-        cpu = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
-                    if line.startswith("model name")), cpu)  # fmt: skip
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")),
+            cpu,
+        )
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -62,8 +64,12 @@ def flattening(runs: list[Run], budget: float, evaluations: int) -> dict[str, An
     ses = [p["reward_se"] for r in runs for p in r.curve]
     noise = math.sqrt(statistics.fmean(se * se for se in ses)) / math.sqrt(len(runs))
     centre = statistics.fmean(last)
-    return {"units": xs[-3:], "mean_reward": last, "evaluation_noise": noise,
-            "flat": all(abs(y - centre) <= 2 * noise for y in last)}  # fmt: skip
+    return {
+        "units": xs[-3:],
+        "mean_reward": last,
+        "evaluation_noise": noise,
+        "flat": all(abs(y - centre) <= 2 * noise for y in last),
+    }
 
 
 def per_iteration(runs: list[Run]) -> dict[str, float]:
@@ -72,8 +78,9 @@ def per_iteration(runs: list[Run]) -> dict[str, float]:
     return {k: statistics.fmean(i[k] for i in its) for k in keys}
 
 
-def method_summary(name: str, lr: float, seeds: list[int], runs: list[Run], design: Design,
-                   goals: dict[str, Any] | None, seed: int) -> dict[str, Any]:  # fmt: skip
+def method_summary(
+    name: str, lr: float, seeds: list[int], runs: list[Run], design: Design, goals: dict[str, Any] | None, seed: int
+) -> dict[str, Any]:
     budget = design.protocol.budget
     curves = [curve(r) for r in runs]
     out: dict[str, Any] = {
@@ -121,7 +128,8 @@ def pairs(methods: dict[str, Any], names: tuple[str, ...], seed: int) -> dict[st
     for a, b in itertools.combinations(names, 2):
         ma, mb = methods[a], methods[b]
         common = [s for s in ma["seeds"] if s in mb["seeds"]]
-        pick = lambda m, key: [m[key + "_per_seed"][m["seeds"].index(s)] for s in common]  # noqa: E731
+        # called in this iteration only, so the late binding of `common` is what is meant
+        pick = lambda m, key: [m[key + "_per_seed"][m["seeds"].index(s)] for s in common]  # noqa: E731, B023
         out[f"{a} - {b}"] = {
             "seeds": common,
             "final": stats.paired_difference(pick(ma, "final"), pick(mb, "final"), seed=seed),
@@ -154,8 +162,9 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
         summary["auc_per_seed"] = [stats.area(curve(r), budget) for _, r in done]
         methods[name] = summary
     # complete: every headline method has all its reported seeds (variants may be listed as not run)
-    complete = goals is not None and all(m in methods and methods[m]["n"] == len(design.report_seeds)
-                                         for m in design.headline)  # fmt: skip
+    complete = goals is not None and all(
+        m in methods and methods[m]["n"] == len(design.report_seeds) for m in design.headline
+    )
     if goals is not None and all(goals[k]["method"] in methods for k in ("best_flat", "dancegrpo")):
         speedups(methods, goals, seed)
     headline = [m for m in design.headline if m in methods]
@@ -164,22 +173,25 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
             "budget_axis": "compute",
             "budget": budget,
             "cost_model": "units = sampling forwards + 3 x trained forwards (with backward) + 1 x reference "
-                          "forwards + 0 x scored images (lit_treegrpo.core.compute.ComputeCost defaults)",
+            "forwards + 0 x scored images (lit_treegrpo.core.compute.ComputeCost defaults)",
             "evaluations": design.protocol.evaluations,
-            "evaluation": {"prompts": 36, "seeds_per_prompt": design.protocol.eval_seeds,
-                           "same_noises_for_every_method": True},
+            "evaluation": {
+                "prompts": 36,
+                "seeds_per_prompt": design.protocol.eval_seeds,
+                "same_noises_for_every_method": True,
+            },
             "batch_size": design.protocol.batch_size,
             "sweep_seeds": list(design.sweep_seeds),
             "reported_seeds": list(design.report_seeds),
             "variant_seeds": list(design.variant_seeds),
             "selection_rule": "the rate with the highest mean minus one sd, over the sweep seeds, of each run's "
-                              "plateau (mean of its last three evaluations); a best rate at a grid edge moves the "
-                              "grid one step (x3) that way",
+            "plateau (mean of its last three evaluations); a best rate at a grid edge moves the "
+            "grid one step (x3) that way",
             "confidence_intervals": f"95% percentile bootstrap over seeds, {stats.RESAMPLES} resamples, seed {seed}; "
-                                    "pairs resampled by seed index",
+            "pairs resampled by seed index",
             "targets": goals,
             "levels": levels(budget),
-        },  # fmt: skip
+        },
         "environment": environment(),
         "complete": complete,
         "missing": missing,
@@ -191,7 +203,10 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
     if headline:
         best = max(headline, key=lambda m: methods[m]["final"]["mean"])
         runs = [cache.load(RunSpec(best, methods[best]["lr"], s)) for s in methods[best]["seeds"]]
-        report["flattening"] = {"method": best, **flattening([r for r in runs if r], budget, design.protocol.evaluations)}
+        report["flattening"] = {
+            "method": best,
+            **flattening([r for r in runs if r], budget, design.protocol.evaluations),
+        }
     report["headline"] = headline_sentence(report)
     return report
 
@@ -213,14 +228,21 @@ def headline_sentence(report: dict[str, Any]) -> str:
         lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
         parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)})")
     if not parts:
-        return ("No result yet: the method comparison is under way and none of its reported seeds has been "
-                "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far).")
+        return (
+            "No result yet: the method comparison is under way and none of its reported seeds has been "
+            "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far)."
+        )
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
-    interim = "" if report["complete"] else (
-        f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired seeds "
-        "trained; read nothing into it until it completes): ")
-    return interim + (f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
-            f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + ".")  # fmt: skip
+    interim = (
+        ""
+        if report["complete"]
+        else f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired "
+        "seeds trained; read nothing into it until it completes): "
+    )
+    return interim + (
+        f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
+        f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + "."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,12 +270,15 @@ def tables(report: dict[str, Any]) -> str:
         f"Budget {p['budget']:,.0f} compute units per run; held-out reward of 36 prompts x {p['evaluation']['seeds_per_prompt']} "
         f"seeds; sweep seeds {', '.join(map(str, p['sweep_seeds']))}; reported seeds "
         f"{', '.join(map(str, p['reported_seeds']))}; mean [95% bootstrap CI] over seeds."
-        + (" With fewer than 5 seeds the intervals are too narrow to mean anything (a smoke run)."
-           if len(p["reported_seeds"]) < 5 else ""),
+        + (
+            " With fewer than 5 seeds the intervals are too narrow to mean anything (a smoke run)."
+            if len(p["reported_seeds"]) < 5
+            else ""
+        ),
         "",
         "| method | rates tried: score (plateau per sweep seed) | chosen |",
         "|---|---|---|",
-    ]  # fmt: skip
+    ]
     for name, s in report["sweep"].items():
         cells = []
         for lr in s["explored"]:
@@ -268,9 +293,13 @@ def tables(report: dict[str, Any]) -> str:
     methods = report["methods"]
     if methods:
         level_names = [units_k(x) for x in p["levels"]]
-        lines += ["", "| method | lr | seeds | units / iteration (sampling + trained + reference) | "
-                  + " | ".join(f"reward at {n}" for n in level_names) + " | mean reward over the budget (AUC) |",
-                  "|---|---|---|---|" + "---|" * len(level_names) + "---|"]  # fmt: skip
+        lines += [
+            "",
+            "| method | lr | seeds | units / iteration (sampling + trained + reference) | "
+            + " | ".join(f"reward at {n}" for n in level_names)
+            + " | mean reward over the budget (AUC) |",
+            "|---|---|---|---|" + "---|" * len(level_names) + "---|",
+        ]
         for name, m in methods.items():
             it = m["per_iteration"]
             cost = f"{it['units']:.0f} ({it['sampling']:.0f} + 3 x {it['trained']:.0f} + {it['reference']:.0f})"
@@ -279,39 +308,62 @@ def tables(report: dict[str, Any]) -> str:
     if report["pairs"]:
         lines += ["", "| pair (first minus second) | final reward | | AUC | |", "|---|---|---|---|---|"]
         for key, d in report["pairs"].items():
-            lines.append(f"| {key} | {ci(d['final'], 4)} | {verdict(d['final'])} | {ci(d['auc'], 4)} | {verdict(d['auc'])} |")
+            lines.append(
+                f"| {key} | {ci(d['final'], 4)} | {verdict(d['final'])} | {ci(d['auc'], 4)} | {verdict(d['auc'])} |"
+            )
     goals = p["targets"]
-    if goals and methods and all("speedup" in m["compute_to_target"][k] for m in methods.values() for k in ("best_flat", "dancegrpo")):
-        lines += ["", f"Targets from the sweep seeds: best flat baseline ({goals['best_flat']['method']}) "
-                  f"{goals['best_flat']['reward']:.4f}, DanceGRPO {goals['dancegrpo']['reward']:.4f}; compute to a target "
-                  "censored at the budget; speed-up = the baseline's mean compute to it over the method's.",
-                  "", "| method | best-flat target: reached, units | speed-up vs " + goals["best_flat"]["method"]
-                  + " | DanceGRPO target: reached, units | speed-up vs dancegrpo |", "|---|---|---|---|---|"]  # fmt: skip
+    if (
+        goals
+        and methods
+        and all("speedup" in m["compute_to_target"][k] for m in methods.values() for k in ("best_flat", "dancegrpo"))
+    ):
+        lines += [
+            "",
+            f"Targets from the sweep seeds: best flat baseline ({goals['best_flat']['method']}) "
+            f"{goals['best_flat']['reward']:.4f}, DanceGRPO {goals['dancegrpo']['reward']:.4f}; compute to a target "
+            "censored at the budget; speed-up = the baseline's mean compute to it over the method's.",
+            "",
+            "| method | best-flat target: reached, units | speed-up vs "
+            + goals["best_flat"]["method"]
+            + " | DanceGRPO target: reached, units | speed-up vs dancegrpo |",
+            "|---|---|---|---|---|",
+        ]
         for name, m in methods.items():
             cells = []
             for key in ("best_flat", "dancegrpo"):
                 t = m["compute_to_target"][key]
                 s = t["speedup"]
-                cells += [f"{sum(t['reached'])}/{len(t['reached'])}, {units_k(t['mean']['mean'])} "
-                          f"[{units_k(t['mean']['lo'])}, {units_k(t['mean']['hi'])}]",
-                          f"{times(s['mean'])} [{times(s['lo'])}, {times(s['hi'])}]"]  # fmt: skip
+                cells += [
+                    f"{sum(t['reached'])}/{len(t['reached'])}, {units_k(t['mean']['mean'])} "
+                    f"[{units_k(t['mean']['lo'])}, {units_k(t['mean']['hi'])}]",
+                    f"{times(s['mean'])} [{times(s['lo'])}, {times(s['hi'])}]",
+                ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if report.get("timing"):
         t = report["timing"]
-        lines += ["", f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
-                  f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}):",
-                  "", "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
+            f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}):",
+            "",
+            "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward |",
+            "|---|---|---|---|---|",
+        ]
         for name, m in t["methods"].items():
-            lines.append(f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
-                         f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
-                         f"{1000 * m['seconds_per_trained_forward']:.3f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
+                f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
+                f"{1000 * m['seconds_per_trained_forward']:.3f} |"
+            )
     if "flattening" in report:
         f = report["flattening"]
         shown = ", ".join(f"{units_k(x)}: {y:.4f}" for x, y in zip(f["units"], f["mean_reward"]))
-        lines += ["", f"Plateau: {f['method']} (the best final mean), seed-mean reward at the last three evaluation "
-                  f"points {shown}; evaluation noise of that mean {f['evaluation_noise']:.4f}; "
-                  f"{'flat' if f['flat'] else 'NOT flat'} (each within two noise units of their mean)."]  # fmt: skip
+        lines += [
+            "",
+            f"Plateau: {f['method']} (the best final mean), seed-mean reward at the last three evaluation "
+            f"points {shown}; evaluation noise of that mean {f['evaluation_noise']:.4f}; "
+            f"{'flat' if f['flat'] else 'NOT flat'} (each within two noise units of their mean).",
+        ]
     lines += ["", report["headline"]]
     return "\n".join(lines)
 
@@ -321,7 +373,9 @@ def tables(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _band(curves: list[list[dict[str, float]]], key: str, points: int = 40) -> tuple[list[float], list[dict[str, float]]]:
+def _band(
+    curves: list[list[dict[str, float]]], key: str, points: int = 40
+) -> tuple[list[float], list[dict[str, float]]]:
     """Each seed's curve on ``key``, interpolated on a common grid up to the shortest seed's end,
     with the bootstrap CI of the mean at every point."""
     end = min(c[-1][key] for c in curves)
@@ -337,8 +391,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    for key, label, name in (("units", "compute units (sampling + 3 x trained + reference forwards)", "reward_vs_compute.png"),
-                             ("sampling_nfe", "sampling NFE (rollout forwards)", "reward_vs_nfe.png")):  # fmt: skip
+    for key, label, name in (
+        ("units", "compute units (sampling + 3 x trained + reference forwards)", "reward_vs_compute.png"),
+        ("sampling_nfe", "sampling NFE (rollout forwards)", "reward_vs_nfe.png"),
+    ):
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
         for i, (method, m) in enumerate(report["methods"].items()):
             xs, band = _band(m["curves"], key)

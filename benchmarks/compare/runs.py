@@ -105,18 +105,20 @@ class Recorder:
         reward = float(scores.mean())
         last = self.run.iterations[-1] if self.run.iterations else None
         totals = {k: sum(i[k] for i in self.run.iterations) for k in COMPUTE_KINDS}
-        self.run.curve.append({
-            "iteration": len(self.run.iterations),
-            "units": last["units_total"] if last else 0.0,
-            "sampling_nfe": totals["sampling"],
-            **{f"{k}_total": v for k, v in totals.items() if k != "sampling"},
-            "optimizer_steps": last["optimizer_steps"] if last else 0.0,
-            "seconds": self.seconds,
-            "reward": reward,
-            # the evaluation's own noise: how much re-drawing the evaluation seeds would move `reward`
-            "reward_se": float(per_seed.std() / len(seeds) ** 0.5) if len(seeds) > 1 else 0.0,
-            "reward_per_seed": per_seed.tolist(),
-        })  # fmt: skip
+        self.run.curve.append(
+            {
+                "iteration": len(self.run.iterations),
+                "units": last["units_total"] if last else 0.0,
+                "sampling_nfe": totals["sampling"],
+                **{f"{k}_total": v for k, v in totals.items() if k != "sampling"},
+                "optimizer_steps": last["optimizer_steps"] if last else 0.0,
+                "seconds": self.seconds,
+                "reward": reward,
+                # the evaluation's own noise: how much re-drawing the evaluation seeds would move `reward`
+                "reward_se": float(per_seed.std() / len(seeds) ** 0.5) if len(seeds) > 1 else 0.0,
+                "reward_per_seed": per_seed.tolist(),
+            }
+        )
 
 
 class Trained(NamedTuple):
@@ -136,10 +138,16 @@ def train(spec: RunSpec, protocol: Protocol) -> Trained:
         data.setup("fit")
         recorder = Recorder(module, list(data.val_set.prompts), protocol)
         trainer = Trainer(
-            accelerator="cpu", devices=1, max_steps=-1, limit_val_batches=0, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            max_steps=-1,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
             callbacks=[*callbacks, recorder.callback],
-        )  # fmt: skip
+        )
         trainer.fit(module, data)
     return Trained(recorder.run, record, module)
 
@@ -184,15 +192,27 @@ class RunCache:
         run, record, _ = train(spec, self.protocol)
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({
-            "identity": {"protocol": asdict(self.protocol)}, "spec": asdict(spec), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "seconds": time.perf_counter() - started, **record,
-            "iterations": run.iterations, "curve": run.curve,
-        }))  # fmt: skip
+        tmp.write_text(
+            json.dumps(
+                {
+                    "identity": {"protocol": asdict(self.protocol)},
+                    "spec": asdict(spec),
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "seconds": time.perf_counter() - started,
+                    **record,
+                    "iterations": run.iterations,
+                    "curve": run.curve,
+                }
+            )
+        )
         tmp.replace(self.path(spec))  # never a half-written record
         first, last = run.curve[0], run.curve[-1]
-        print(f"{spec.key}: {len(run.iterations)} iterations, {last['units']:.0f} units, held-out reward "
-              f"{first['reward']:.3f} -> {last['reward']:.3f} in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"{spec.key}: {len(run.iterations)} iterations, {last['units']:.0f} units, held-out reward "
+            f"{first['reward']:.3f} -> {last['reward']:.3f} in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         return run
 
     def claim(self, spec: RunSpec) -> bool:
@@ -247,8 +267,22 @@ def timing(specs: list[RunSpec], *, rounds: int = 3, iterations: int = 3) -> dic
     for _ in range(rounds):
         for spec in specs:
             run = train(spec, protocol).run
-            t = totals.setdefault(spec.method, {k: 0.0 for k in ("seconds", "units", "iterations", "rollout_s",
-                                                                 "train_s", "sampling", "trained", "reference")})  # fmt: skip
+            t = totals.setdefault(
+                spec.method,
+                {
+                    k: 0.0
+                    for k in (
+                        "seconds",
+                        "units",
+                        "iterations",
+                        "rollout_s",
+                        "train_s",
+                        "sampling",
+                        "trained",
+                        "reference",
+                    )
+                },
+            )
             for i in run.iterations[1:]:
                 t["seconds"] += i["rollout_s"] + i["reward_s"] + i["advantages_s"] + i["train_s"]
                 t["units"] += i["units"]

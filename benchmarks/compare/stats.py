@@ -101,7 +101,11 @@ def to_target(curve: Curve, target: float, budget: float) -> tuple[float, bool]:
 
 
 def ratio_of_means(
-    numerator: Sequence[float], denominator: Sequence[float], *, seed: int = 0, resamples: int = RESAMPLES,
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    *,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
     level: float = LEVEL,
 ) -> dict[str, float]:
     """``mean(numerator) / mean(denominator)`` with a paired percentile-bootstrap CI (both sides
@@ -118,8 +122,12 @@ def ratio_of_means(
         ratios.append(_ratio(sum(numerator[i] for i in idx), sum(denominator[i] for i in idx)))
     ratios.sort()
     alpha = (1.0 - level) / 2
-    return {"mean": _ratio(sum(numerator), sum(denominator)), "lo": quantile(ratios, alpha),
-            "hi": quantile(ratios, 1 - alpha), "n": n}  # fmt: skip
+    return {
+        "mean": _ratio(sum(numerator), sum(denominator)),
+        "lo": quantile(ratios, alpha),
+        "hi": quantile(ratios, 1 - alpha),
+        "n": n,
+    }
 
 
 def _ratio(a: float, b: float) -> float:

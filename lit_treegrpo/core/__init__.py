@@ -8,10 +8,16 @@
 - :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
 - :mod:`.compute`: :class:`Compute` (counted model work of a step) and :class:`ComputeCost` (units).
+- :mod:`.memory`: the memory a rollout and a training pass need, counted from shapes (arithmetic;
+  the memory guard of :mod:`lit_treegrpo.training` measures what is available).
+
+May import: torch only. Not Lightning, diffusers, transformers or peft, nothing else of the package,
+and nothing that probes the machine (environment variables, ``/proc``, CUDA device queries): the
+engine computes from its arguments alone, the same everywhere (tests/test_layering.py).
 """
 
-from .compute import Compute, ComputeCost
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
+from .compute import Compute, ComputeCost
 from .loss import ClippedPolicyLoss, LossOutput, edge_loss
 from .pruning import PruningConfig, PruningSchedule, prune
 from .rollout import (
@@ -46,6 +52,7 @@ __all__ = [
     "edge_loss",
     "flow_sde_step",
     "gaussian_log_prob",
+    "generator",
     "index_cond",
     "normalize_per_group",
     "prune",

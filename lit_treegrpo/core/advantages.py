@@ -57,9 +57,7 @@ def _segment_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
     return e / _segment_sum(e, index, size)[index]  # [N]
 
 
-def normalize_per_group(
-    values: Tensor, group: Tensor, eps: float = 1e-8, std_scope: StdScope = "group"
-) -> Tensor:
+def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8, std_scope: StdScope = "group") -> Tensor:
     """``(v - mean) / (std + eps)`` within each group, population std; columns independently.
     ``std_scope="global"``: the std of all ``values`` (per column) instead of the group's.
 
@@ -120,9 +118,7 @@ class PathPairs(NamedTuple):
     log_prob_below: Tensor  # [Q] sum of old log-probs of those edges (0 if not given)
 
 
-def path_pairs(
-    edge_parent: Tensor, leaf_edge: Tensor, edge_old_log_prob: Tensor | None = None
-) -> PathPairs:
+def path_pairs(edge_parent: Tensor, leaf_edge: Tensor, edge_old_log_prob: Tensor | None = None) -> PathPairs:
     """Walk every leaf's path upward, one vectorised step per depth level."""
     cols = [leaf_edge]  # column j: the ancestor j recorded edges above the leaf edge
     cur = leaf_edge
@@ -229,9 +225,7 @@ def tree_advantages(
         elif method == "parent_relative":
             prompt_mean = _segment_sum(a, leaf_prompt, int(leaf_prompt.max()) + 1)
             prompt_mean = prompt_mean / torch.bincount(leaf_prompt).clamp(min=1)  # [P]
-            parent_value = torch.where(
-                edge_parent >= 0, mean_below[edge_parent.clamp(min=0)], prompt_mean[edge_prompt]
-            )
+            parent_value = torch.where(edge_parent >= 0, mean_below[edge_parent.clamp(min=0)], prompt_mean[edge_prompt])
             adv = mean_below - parent_value
         else:
             adv = _softmax_backup(a, leaf_edge, edge_parent, edge_old_log_prob, pairs, E)

@@ -58,7 +58,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -159,34 +158,6 @@ def format_bytes(size: float) -> str:
     return f"{int(size)} B"
 
 
-def mem_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (Linux), else psutil's, else None."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB
-    try:
-        import psutil
-    except ImportError:  # optional: without it (and without /proc) the guard cannot measure
-        return None
-    return int(psutil.virtual_memory().available)
-
-
-def available_memory(device: torch.device, processes: int = 1) -> tuple[int | None, str]:
-    """(bytes available to one process on ``device``, where the number comes from): free device
-    memory on CUDA; on CPU :func:`mem_available` shared by the ``processes`` of this node; None
-    where it cannot be measured."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0], f"free on {device}"
-    if device.type != "cpu":
-        return None, f"not measured on {device.type}"
-    available = mem_available()
-    if available is None:
-        return None, "MemAvailable unknown"
-    return available // processes, f"MemAvailable / {processes} process(es) of this node"
-
-
 # ------------------------------------------------------------------------------------ training
 
 
@@ -285,9 +256,9 @@ def count_saved_tensors(forward: Callable[[], Any], params: Iterable[nn.Paramete
         regions.append((size, total - before))
         return out
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
-        with _regions_run_directly(record):
-            forward()
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None)
+    with torch.enable_grad(), hooks, _regions_run_directly(record):
+        forward()
     return SavedTensors(total, largest, tuple(regions))
 
 
@@ -351,13 +322,11 @@ __all__ = [
     "RolloutMemory",
     "SavedTensors",
     "TrainingMemory",
-    "available_memory",
     "cond_row_bytes",
     "count_saved_tensors",
     "format_bytes",
     "held_tree_bytes",
     "largest_micro_batch",
-    "mem_available",
     "parents_per_rank",
     "rollout_memory",
     "training_memory",

@@ -60,9 +60,7 @@ class PruningConfig:
 
     def __post_init__(self) -> None:
         if self.width not in ("none", "parent_top1", "extreme", "ratio"):
-            raise ValueError(
-                f"pruning.width must be none, parent_top1, extreme or ratio; got {self.width!r}"
-            )
+            raise ValueError(f"pruning.width must be none, parent_top1, extreme or ratio; got {self.width!r}")
         if self.extreme_n < 1:
             raise ValueError(f"pruning.extreme_n must be >= 1, got {self.extreme_n}")
         if not 0.0 < self.ratio <= 1.0:
@@ -70,9 +68,7 @@ class PruningConfig:
         if self.depth_window is not None:
             lo, hi = self.depth_window
             if not 0 <= lo < hi:
-                raise ValueError(
-                    f"pruning.depth_window must be [lo, hi) with 0 <= lo < hi, got {self.depth_window}"
-                )
+                raise ValueError(f"pruning.depth_window must be [lo, hi) with 0 <= lo < hi, got {self.depth_window}")
         if self.depth_mode not in ("drop", "keep"):
             raise ValueError(f"pruning.depth_mode must be 'drop' or 'keep', got {self.depth_mode!r}")
         if self.steps is not None:
@@ -231,8 +227,11 @@ class PruningSchedule:
         name = "PruningSchedule"
         if self.width not in ("none", "parent_top1", "extreme", "ratio"):
             raise ValueError(f"{name}.width must be none, parent_top1, extreme or ratio; got {self.width!r}")
-        for field, value in (("width_fraction", self.width_fraction), ("ratio", self.ratio),
-                             ("step_fraction", self.step_fraction)):  # fmt: skip
+        for field, value in (
+            ("width_fraction", self.width_fraction),
+            ("ratio", self.ratio),
+            ("step_fraction", self.step_fraction),
+        ):
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"{name}.{field} must be in (0, 1], got {value}")
         if self.extreme_n < 1:

@@ -27,9 +27,9 @@ samples exactly what a single process with the same global batch samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -62,9 +62,7 @@ def index_cond(cond: Any, index: Tensor) -> Any:
 def _num_cond_rows(cond: Any) -> int:
     sizes = {t.shape[0] for t in pytree.tree_leaves(cond) if isinstance(t, Tensor)}
     if len(sizes) != 1:
-        raise ValueError(
-            f"cond must be a pytree of tensors sharing their first (prompt) dimension, got sizes {sizes}"
-        )
+        raise ValueError(f"cond must be a pytree of tensors sharing their first (prompt) dimension, got sizes {sizes}")
     return sizes.pop()
 
 
@@ -114,9 +112,7 @@ class RolloutTree:
         return self.source_x[self.edge_source]
 
 
-def _chunked_predict(
-    predict: PredictFn, x: Tensor, step_index: int, cond: Any, max_batch: int
-) -> tuple[Tensor, int]:
+def _chunked_predict(predict: PredictFn, x: Tensor, step_index: int, cond: Any, max_batch: int) -> tuple[Tensor, int]:
     """``predict`` over ``x`` in chunks of at most ``max_batch`` rows; returns (output, calls)."""
     n = x.shape[0]
     if n <= max_batch:

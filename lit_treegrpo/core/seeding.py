@@ -21,7 +21,7 @@ deterministic samples          ``(seed, crc32 of the prompt)``: a prompt's image
                                on its batch or the number of processes
 =============================  ===============================================================
 
-(The prompt order is a permutation drawn by ``lit_treegrpo.prompt_stream.prompt_permutation``
+(The prompt order is a permutation drawn by ``lit_treegrpo.data.prompt_stream.prompt_permutation``
 from a hash of its key, outside torch, so that it needs no generator at all.)
 """
 

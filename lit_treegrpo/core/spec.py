@@ -75,9 +75,7 @@ class WindowSchedule:
 
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "shifting", "geometric", "progressive"):
-            raise ValueError(
-                f"window.kind must be one of fixed, shifting, geometric, progressive; got {self.kind!r}"
-            )
+            raise ValueError(f"window.kind must be one of fixed, shifting, geometric, progressive; got {self.kind!r}")
         if self.target not in ("branch", "sde"):
             raise ValueError(f"window.target must be 'branch' or 'sde', got {self.target!r}")
         if self.start < 0:
@@ -187,8 +185,7 @@ class TreeSpec:
             raise ValueError(f"num_steps must be >= 1, got {T}")
         if not 1 <= self.ode_tail <= T:
             raise ValueError(
-                f"ode_tail must be in 1 .. num_steps={T} (the last step is always deterministic), "
-                f"got {self.ode_tail}"
+                f"ode_tail must be in 1 .. num_steps={T} (the last step is always deterministic), got {self.ode_tail}"
             )
         first_tail = T - self.ode_tail  # first step of the deterministic tail
         for name in ("branch_steps", "sde_steps"):
@@ -277,11 +274,7 @@ class TreeSpec:
 
     def num_edges(self) -> int:
         """Recorded stochastic transitions (trainable edges) per prompt."""
-        return sum(
-            self.nodes_at(t) * self.children_at(t)
-            for t in range(self.num_steps)
-            if self.is_stochastic(t)
-        )
+        return sum(self.nodes_at(t) * self.children_at(t) for t in range(self.num_steps) if self.is_stochastic(t))
 
     def train_nfe(self) -> int:
         """Model evaluations per prompt to recompute every edge's log-prob once.

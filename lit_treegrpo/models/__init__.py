@@ -6,6 +6,10 @@
 - :class:`FluxAdapter`: FLUX.1-dev / -schnell transformer + rectified-flow SDE (BranchGRPO's, DanceGRPO's policy).
 - :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
 - :mod:`.lora`: peft LoRA attach / export in the diffusers format.
+- :mod:`.shapes`: :class:`~lit_treegrpo.models.shapes.ShapesAdapter`, the shipped Shapes model.
+
+May import: :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.common` (hub look-ups), the Shapes world,
+torch, diffusers, transformers and peft; never the rewards or the Lightning layer.
 """
 
 from .base import DiffusionAdapter

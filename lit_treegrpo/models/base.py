@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..common.hub import require_hub
 from ..core.steps import StepOutput
-from ..hub import require_hub
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first

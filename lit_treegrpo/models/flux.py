@@ -133,7 +133,9 @@ class FluxAdapter(FlowMatchingAdapter):
         self.latent_channels = self.denoiser.config.in_channels // 4  # [C] before packing
         self.latent_side = self.resolution // self.vae_scale_factor  # h = w, even
         # [(h/2)(w/2), 3] positions of the packed tokens, the same for every sample
-        self._img_ids = FluxPipeline._prepare_latent_image_ids(1, self.latent_side // 2, self.latent_side // 2, "cpu", torch.float32)
+        self._img_ids = FluxPipeline._prepare_latent_image_ids(
+            1, self.latent_side // 2, self.latent_side // 2, "cpu", torch.float32
+        )
         self._setup_schedule(shift)
         self._setup_training(FLUX_LORA_TARGETS)
 
@@ -172,7 +174,9 @@ class FluxAdapter(FlowMatchingAdapter):
 
         scheduler = self.pipeline.scheduler
         if shift is not None:  # a private scheduler: the pipeline's own stays as it was loaded
-            scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config, shift=shift, use_dynamic_shifting=False)
+            scheduler = FlowMatchEulerDiscreteScheduler.from_config(
+                scheduler.config, shift=shift, use_dynamic_shifting=False
+            )
         config = scheduler.config
         kwargs: dict[str, Any] = {}
         if not config.get("use_flow_sigmas", False):
@@ -248,6 +252,8 @@ class FluxAdapter(FlowMatchingAdapter):
     def decode(self, latents: Tensor) -> Tensor:
         from diffusers import FluxPipeline
 
-        unpacked = FluxPipeline._unpack_latents(latents, self.resolution, self.resolution, self.vae_scale_factor)  # [B, C, h, w]
+        unpacked = FluxPipeline._unpack_latents(
+            latents, self.resolution, self.resolution, self.vae_scale_factor
+        )  # [B, C, h, w]
         config = self.vae.config
         return self._decode_with(self.vae, unpacked / config.scaling_factor + config.shift_factor)

@@ -71,8 +71,16 @@ class ShapesModelConfig:
     """Sigma shift of the flow-matching schedule (1: uniform sigmas)."""
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "num_layers", "num_attention_heads", "attention_head_dim",
-                     "text_layers", "text_width", "max_tokens"):  # fmt: skip
+        for name in (
+            "image_size",
+            "patch_size",
+            "num_layers",
+            "num_attention_heads",
+            "attention_head_dim",
+            "text_layers",
+            "text_width",
+            "max_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.image_size % self.patch_size:
@@ -184,8 +192,12 @@ def load_components(pretrained: str | Path, torch_dtype: torch.dtype = torch.flo
 
     folder = resolve(pretrained)
     path = str(folder)
-    for sub, files in (("transformer", ("config.json",)), ("text_encoder", ("config.json",)),
-                       ("tokenizer", ("tokenizer.json",)), ("scheduler", ("scheduler_config.json",))):  # fmt: skip
+    for sub, files in (
+        ("transformer", ("config.json",)),
+        ("text_encoder", ("config.json",)),
+        ("tokenizer", ("tokenizer.json",)),
+        ("scheduler", ("scheduler_config.json",)),
+    ):
         missing = [f for f in files if not (folder / sub / f).is_file()]
         if missing:
             raise FileNotFoundError(f"cannot load the Shapes model from {path}: {sub}/{missing[0]} is missing")
@@ -198,10 +210,16 @@ def load_components(pretrained: str | Path, torch_dtype: torch.dtype = torch.flo
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if bad:
             kind, keys = next(iter(bad.items()))
-            raise ValueError(f"cannot load the Shapes model from {path}: {name} has {len(keys)} {kind.replace('_', ' ')}, "
-                             f"e.g. {sorted(map(str, keys))[:2]}; the folder's weights do not match its config")
+            raise ValueError(
+                f"cannot load the Shapes model from {path}: {name} has {len(keys)} {kind.replace('_', ' ')}, "
+                f"e.g. {sorted(map(str, keys))[:2]}; the folder's weights do not match its config"
+            )
         models[name] = model
-    return {**models, "tokenizer": tokenizer, "scheduler": load_component(FlowMatchEulerDiscreteScheduler, path, "scheduler")}
+    return {
+        **models,
+        "tokenizer": tokenizer,
+        "scheduler": load_component(FlowMatchEulerDiscreteScheduler, path, "scheduler"),
+    }
 
 
 @contextlib.contextmanager
@@ -330,7 +348,9 @@ class ShapesAdapter(FlowMatchingAdapter):
         ``SD3Transformer2DModel.load_lora_adapter(folder, prefix=None, weight_name=...)``
         reads back."""
         if self.lora is None:
-            raise ValueError("save_lora needs LoRA training; this adapter fine-tunes the whole model: use save_pretrained")
+            raise ValueError(
+                "save_lora needs LoRA training; this adapter fine-tunes the whole model: use save_pretrained"
+            )
         self.denoiser.save_lora_adapter(str(folder))
         return Path(folder)
 
@@ -346,8 +366,12 @@ class ShapesAdapter(FlowMatchingAdapter):
             transformer.unload_lora()
         source = Path(self.source) / METADATA_FILE if self.source else None
         base = json.loads(source.read_text()) if source is not None and source.is_file() else {}
-        parts = {"transformer": transformer, "text_encoder": self.text_encoder, "tokenizer": self.tokenizer,
-                 "scheduler": self.scheduler}  # fmt: skip
+        parts = {
+            "transformer": transformer,
+            "text_encoder": self.text_encoder,
+            "tokenizer": self.tokenizer,
+            "scheduler": self.scheduler,
+        }
         return save_components(folder, parts, {**base, "fine_tuned_from": self.source, **metadata})
 
 

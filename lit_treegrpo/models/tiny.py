@@ -19,9 +19,7 @@ from .sd15 import SD15Adapter
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2 / CLIP byte-to-printable-character table (the BPE alphabet)."""
     printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     chars = printable[:]
     extra = 0
@@ -201,8 +199,15 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
         torch.manual_seed(seed + 4)
         t5 = T5EncoderModel(
             T5Config(
-                vocab_size=200, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+                vocab_size=200,
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                dropout_rate=0.0,
+                pad_token_id=0,
+                eos_token_id=1,
             )
         )
     return StableDiffusion3Pipeline(
@@ -249,16 +254,27 @@ def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell:
     torch.manual_seed(seed + 3)
     t5 = T5EncoderModel(
         T5Config(
-            vocab_size=200, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-            dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+            vocab_size=200,
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            pad_token_id=0,
+            eos_token_id=1,
         )
     )
     if schnell:
         scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
     else:  # FLUX.1-dev's scheduler config
         scheduler = FlowMatchEulerDiscreteScheduler(
-            shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-            base_image_seq_len=256, max_image_seq_len=4096,
+            shift=3.0,
+            use_dynamic_shifting=True,
+            base_shift=0.5,
+            max_shift=1.15,
+            base_image_seq_len=256,
+            max_image_seq_len=4096,
         )
     return FluxPipeline(
         scheduler=scheduler,

@@ -37,15 +37,25 @@ def tiny_wan_pipeline(seed: int = 0, shift: float = 3.0):
         rope_max_seq_len=32,
     )
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+    vae = AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
     torch.manual_seed(seed + 2)
     text_encoder = UMT5EncoderModel(
         UMT5Config(
-            vocab_size=200, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+            vocab_size=200,
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            dropout_rate=0.0,
+            pad_token_id=0,
+            eos_token_id=1,
             decoder_start_token_id=0,
         )
-    )  # fmt: skip
+    )
     return WanPipeline(
         tokenizer=tiny_t5_tokenizer(model_max_length=512),
         text_encoder=text_encoder,

@@ -67,7 +67,9 @@ def flow_schedule_scheduler(scheduler: Any, flow_shift: float | None) -> Any:
                 "set the adapter's flow_shift (Wan2.1: 3.0 at 480p, 5.0 at 720p)"
             )
         flow_shift = float(config["flow_shift"])
-    return FlowMatchEulerDiscreteScheduler(shift=flow_shift, num_train_timesteps=config.get("num_train_timesteps", 1000))
+    return FlowMatchEulerDiscreteScheduler(
+        shift=flow_shift, num_train_timesteps=config.get("num_train_timesteps", 1000)
+    )
 
 
 def check_wan_folder(path: str) -> None:
@@ -174,7 +176,10 @@ class WanAdapter(FlowMatchingAdapter):
 
     def _check_size(self, height: int, width: int, num_frames: int) -> None:
         _, ph, pw = self.denoiser.config.patch_size
-        for name, value, multiple in (("height", height, self.spatial_factor * ph), ("width", width, self.spatial_factor * pw)):
+        for name, value, multiple in (
+            ("height", height, self.spatial_factor * ph),
+            ("width", width, self.spatial_factor * pw),
+        ):
             if value < multiple or value % multiple:
                 raise ValueError(f"{name} must be a positive multiple of {multiple}, got {value}")
         if num_frames < 1 or (num_frames - 1) % self.temporal_factor:

@@ -76,9 +76,7 @@ class Aesthetic(ClipReward):
         dim = int(model.config.projection_dim)
         first = next(m for m in head.modules() if isinstance(m, nn.Linear))
         if first.in_features != dim:
-            raise ValueError(
-                f"aesthetic head takes {first.in_features} features, the CLIP gives {dim}"
-            )
+            raise ValueError(f"aesthetic head takes {first.in_features} features, the CLIP gives {dim}")
         self.head = head.float()
         self.freeze()
 

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_treegrpo.common.errors import first_line
+from lit_treegrpo.common.hub import require_hub
 from lit_treegrpo.core.advantages import combine_rewards
-from lit_treegrpo.errors import first_line
-from lit_treegrpo.hub import require_hub
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -40,7 +40,9 @@ class NonFiniteRewardError(ValueError):
 
 
 #: why a mapping of reward weights that are all 0 is refused
-ZERO_WEIGHTS = "every reward weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"
+ZERO_WEIGHTS = (
+    "every reward weight is 0, so every advantage would be 0 and nothing would train; give one a non-zero weight"
+)
 
 
 class RewardLoadError(OSError):
@@ -110,9 +112,7 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Te
 def clip_pixels(images: Tensor, size: int) -> Tensor:
     """CLIP's validation transform in torch: shorter side to ``size`` (bicubic), centre crop,
     OpenAI mean/std. ``images`` [B, 3, H, W] in [0, 1] -> [B, 3, size, size] float32."""
-    return normalize(
-        center_crop(resize_shorter_side(images.float(), size), size), CLIP_MEAN, CLIP_STD
-    )
+    return normalize(center_crop(resize_shorter_side(images.float(), size), size), CLIP_MEAN, CLIP_STD)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,14 +123,9 @@ def clip_pixels(images: Tensor, size: int) -> Tensor:
 def check_inputs(images: Tensor, prompts: Sequence[str], name: str) -> None:
     """Validate ``images`` [B, 3, H, W] float in [0, 1] and ``prompts`` (B strings)."""
     if not isinstance(images, Tensor):
-        raise TypeError(
-            f"reward '{name}': images must be a torch.Tensor [B, 3, H, W], "
-            f"got {type(images).__name__}"
-        )
+        raise TypeError(f"reward '{name}': images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
     if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(
-            f"reward '{name}': images must have shape [B, 3, H, W], got {list(images.shape)}"
-        )
+        raise ValueError(f"reward '{name}': images must have shape [B, 3, H, W], got {list(images.shape)}")
     if images.shape[0] == 0:
         raise ValueError(f"reward '{name}': got an empty batch of images")
     if not images.is_floating_point():
@@ -179,7 +174,7 @@ def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], 
     """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
     cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
     hub repository (``repo_id``, default ``name_or_path``) that is not cached fails in seconds when
-    the hub cannot be reached (:func:`lit_treegrpo.hub.require_hub`)."""
+    the hub cannot be reached (:func:`lit_treegrpo.common.hub.require_hub`)."""
     if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
         raise RewardLoadError(f"cannot load {what}: no such file or folder '{name_or_path}'")
     try:
@@ -217,9 +212,7 @@ def load_tokenizer(name_or_path: str | Path, what: str):
     folder without vocabulary files, transformers can build one holding only special tokens."""
     from transformers import AutoTokenizer
 
-    tok = load_or_explain(
-        what, name_or_path, lambda: AutoTokenizer.from_pretrained(str(name_or_path))
-    )
+    tok = load_or_explain(what, name_or_path, lambda: AutoTokenizer.from_pretrained(str(name_or_path)))
     if len(tok) <= len(set(tok.all_special_ids)):
         raise RewardLoadError(
             f"cannot load {what} from '{name_or_path}': the tokenizer has no vocabulary "
@@ -250,9 +243,7 @@ class RewardModel(nn.Module):
     def __init__(self, max_batch: int | None = None) -> None:
         super().__init__()
         if max_batch is not None and max_batch < 1:
-            raise ValueError(
-                f"reward '{self.name}': max_batch must be >= 1 or None, got {max_batch}"
-            )
+            raise ValueError(f"reward '{self.name}': max_batch must be >= 1 or None, got {max_batch}")
         self.max_batch = max_batch
 
     def freeze(self) -> None:
@@ -284,10 +275,7 @@ class RewardModel(nn.Module):
             ]
         scores = torch.cat(chunks)  # [B]
         if scores.shape != (images.shape[0],):
-            raise RuntimeError(
-                f"reward '{self.name}' returned {scores.numel()} scores "
-                f"for {images.shape[0]} images"
-            )
+            raise RuntimeError(f"reward '{self.name}' returned {scores.numel()} scores for {images.shape[0]} images")
         return scores
 
     def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
@@ -370,15 +358,10 @@ class MultiReward(RewardModel):
         if not rewards:
             raise ValueError("MultiReward: rewards is empty; give at least one name -> reward")
         if aggregate not in AGGREGATES:
-            raise ValueError(
-                f"MultiReward: aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}"
-            )
+            raise ValueError(f"MultiReward: aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}")
         for key, reward in rewards.items():
             if not isinstance(reward, RewardModel):
-                raise TypeError(
-                    f"MultiReward: reward '{key}' must be a RewardModel, "
-                    f"got {type(reward).__name__}"
-                )
+                raise TypeError(f"MultiReward: reward '{key}' must be a RewardModel, got {type(reward).__name__}")
         weights = {k: 1.0 for k in rewards} if weights is None else dict(weights)
         missing, unknown = set(rewards) - set(weights), set(weights) - set(rewards)
         if missing or unknown:

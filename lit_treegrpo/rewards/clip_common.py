@@ -33,14 +33,10 @@ def text_embeds(model, input_ids: Tensor, attention_mask: Tensor | None = None) 
     return _embedding(model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
 
 
-def tokenize(
-    tokenizer, prompts: list[str], max_length: int, device: torch.device
-) -> tuple[Tensor, Tensor]:
+def tokenize(tokenizer, prompts: list[str], max_length: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """``input_ids``, ``attention_mask`` [B, T] padded to the longest prompt, truncated to
     ``max_length`` (the tokenizer keeps the end-of-text token last)."""
-    enc = tokenizer(
-        prompts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-    )
+    enc = tokenizer(prompts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
@@ -48,9 +44,7 @@ def load_clip(name_or_path: str | Path, what: str, dtype: torch.dtype = torch.fl
     """``CLIPModel.from_pretrained`` with a one-line error when it is missing (e.g. offline)."""
     from transformers import CLIPModel
 
-    model = load_or_explain(
-        what, name_or_path, lambda: CLIPModel.from_pretrained(str(name_or_path))
-    )
+    model = load_or_explain(what, name_or_path, lambda: CLIPModel.from_pretrained(str(name_or_path)))
     return model.to(dtype)
 
 
@@ -89,9 +83,7 @@ def tiny_clip_config(image_size: int = 32, projection_dim: int = 16, hidden_act:
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection_dim)
 
 
-def write_tiny_clip(
-    folder: str | Path, seed: int = 0, image_size: int = 32, projection_dim: int = 16
-) -> Path:
+def write_tiny_clip(folder: str | Path, seed: int = 0, image_size: int = 32, projection_dim: int = 16) -> Path:
     """Save a seeded random tiny ``CLIPModel`` and its offline tokenizer into ``folder``.
 
     Loading it back goes through the same ``from_pretrained`` path as a real checkpoint."""

@@ -73,9 +73,7 @@ class TensorProcessor:
         padding: bool = True,
     ) -> dict[str, Tensor]:
         if return_tensors != "pt":
-            raise ValueError(
-                f"TensorProcessor returns torch tensors only, got return_tensors={return_tensors!r}"
-            )
+            raise ValueError(f"TensorProcessor returns torch tensors only, got return_tensors={return_tensors!r}")
         out: dict[str, Tensor] = {}
         if images is not None:
             out["pixel_values"] = torch.stack(images)  # [B, 3, S, S]

@@ -141,9 +141,7 @@ def _blocks(sd: dict[str, Tensor], src: str, dst: str, layers: int) -> dict[str,
     return out
 
 
-def open_clip_to_transformers(
-    state_dict: dict[str, Tensor], arch: OpenClipArch
-) -> dict[str, Tensor]:
+def open_clip_to_transformers(state_dict: dict[str, Tensor], arch: OpenClipArch) -> dict[str, Tensor]:
     """An OpenCLIP ``CLIP`` state dict as the state dict of transformers' ``CLIPModel``.
 
     Projections are stored as ``x @ proj`` in OpenCLIP ([W, D]) and as ``nn.Linear`` ([D, W]) in
@@ -193,11 +191,7 @@ def open_clip_to_transformers(
         "text_projection.weight": sd["text_projection"].t(),  # [D, Wt]
         "logit_scale": sd["logit_scale"],
     }
-    out.update(
-        _blocks(
-            sd, "visual.transformer.resblocks", "vision_model.encoder.layers", arch.vision_layers
-        )
-    )
+    out.update(_blocks(sd, "visual.transformer.resblocks", "vision_model.encoder.layers", arch.vision_layers))
     out.update(_blocks(sd, "transformer.resblocks", "text_model.encoder.layers", arch.text_layers))
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -221,23 +215,16 @@ def build_clip_from_open_clip(state_dict: dict[str, Tensor], arch: OpenClipArch)
     ]
     if missing or wrong:
         raise ValueError(
-            f"OpenCLIP checkpoint does not fit {arch}: missing {missing[:4]}, "
-            f"checkpoint vs model shapes {wrong[:3]}"
+            f"OpenCLIP checkpoint does not fit {arch}: missing {missing[:4]}, checkpoint vs model shapes {wrong[:3]}"
         )
     model.load_state_dict(mapped, strict=True, assign=True)
     for module in model.modules():
         buf = module._buffers.get("position_ids")
         if buf is not None and buf.is_meta:
-            module.register_buffer(
-                "position_ids", torch.arange(buf.shape[-1]).expand(1, -1), persistent=False
-            )
-    still_meta = [
-        n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta
-    ]
+            module.register_buffer("position_ids", torch.arange(buf.shape[-1]).expand(1, -1), persistent=False)
+    still_meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if still_meta:
-        raise RuntimeError(
-            f"tensors left uninitialised after loading the OpenCLIP weights: {still_meta[:4]}"
-        )
+        raise RuntimeError(f"tensors left uninitialised after loading the OpenCLIP weights: {still_meta[:4]}")
     return model.eval()
 
 
@@ -245,10 +232,8 @@ def load_open_clip_checkpoint(path: str | Path) -> dict[str, Tensor]:
     """The state dict of an OpenCLIP / HPS checkpoint file (``{"state_dict": ...}`` or bare)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict):
-        raise RewardLoadError(
-            f"HPS checkpoint '{path}' holds a {type(ckpt).__name__}, not a state dict"
-        )
-    return ckpt["state_dict"] if "state_dict" in ckpt else ckpt
+        raise RewardLoadError(f"HPS checkpoint '{path}' holds a {type(ckpt).__name__}, not a state dict")
+    return ckpt.get("state_dict", ckpt)
 
 
 def random_open_clip_state_dict(arch: OpenClipArch, seed: int = 0) -> dict[str, Tensor]:
@@ -331,13 +316,9 @@ class HPSv2(ClipReward):
         ``folder`` with the offline tokenizer, loaded through :meth:`from_pretrained`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"state_dict": random_open_clip_state_dict(TINY_ARCH, seed)}, folder / "hps_tiny.pt"
-        )
+        torch.save({"state_dict": random_open_clip_state_dict(TINY_ARCH, seed)}, folder / "hps_tiny.pt")
         offline_clip_tokenizer(folder)
-        return cls.from_pretrained(
-            folder / "hps_tiny.pt", folder, arch=TINY_ARCH, max_batch=max_batch
-        )
+        return cls.from_pretrained(folder / "hps_tiny.pt", folder, arch=TINY_ARCH, max_batch=max_batch)
 
     def pixels(self, images: Tensor) -> Tensor:
         """HPSv2's validation transform in torch: [B, 3, H, W] in [0, 1] -> [B, 3, S, S]."""

@@ -71,13 +71,10 @@ class ImageReward(RewardModel):
         name = str(name_or_path)
         if name not in RM.available_models() and not Path(name).is_file():
             raise RewardLoadError(
-                f"cannot load ImageReward: '{name}' is neither a file nor one of "
-                f"{RM.available_models()}"
+                f"cannot load ImageReward: '{name}' is neither a file nor one of {RM.available_models()}"
             )
         if med_config is not None and not Path(med_config).is_file():
-            raise RewardLoadError(
-                f"cannot load ImageReward: med_config '{med_config}' is not a file"
-            )
+            raise RewardLoadError(f"cannot load ImageReward: med_config '{med_config}' is not a file")
         model = load_or_explain(
             "ImageReward (checkpoint, med_config.json or the 'bert-base-uncased' tokenizer)",
             name,
@@ -90,9 +87,7 @@ class ImageReward(RewardModel):
         )
         tok = model.blip.tokenizer
         if len(tok) <= len(set(tok.all_special_ids)):
-            raise RewardLoadError(
-                "cannot load ImageReward: the 'bert-base-uncased' tokenizer has no vocabulary"
-            )
+            raise RewardLoadError("cannot load ImageReward: the 'bert-base-uncased' tokenizer has no vocabulary")
         return cls(model, max_batch=max_batch)
 
     def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lit_treegrpo.rewards.base import MultiReward, RewardLoadError, RewardModel, check_inputs
+from lit_treegrpo.rewards.registry import build_reward
 
 VideoScorer = Callable[[Tensor, list[str]], Tensor]  # (videos [B, F, 3, H, W], prompts) -> [B]
 
@@ -96,8 +97,6 @@ class FrameAverage(VideoRewardModel):
         if frames is not None and frames < 1:
             raise ValueError(f"reward 'frame_average': frames must be >= 1 or None, got {frames}")
         if isinstance(image, str):
-            from lit_treegrpo.rewards import build_reward  # the registry imports this module
-
             image = build_reward(image, **dict(image_kwargs or {}))
         elif image_kwargs:
             raise ValueError("reward 'frame_average': image_kwargs applies to an image reward given by name")
@@ -138,7 +137,9 @@ class TemporalConsistency(VideoRewardModel):
     name = "temporal_consistency"
     uses_prompt = False
 
-    def __init__(self, metric: Literal["l2", "cosine"] = "l2", max_side: int = 64, max_batch: int | None = None) -> None:
+    def __init__(
+        self, metric: Literal["l2", "cosine"] = "l2", max_side: int = 64, max_batch: int | None = None
+    ) -> None:
         super().__init__(max_batch=max_batch)
         if metric not in ("l2", "cosine"):
             raise ValueError(f"reward 'temporal_consistency': metric must be 'l2' or 'cosine', got {metric!r}")

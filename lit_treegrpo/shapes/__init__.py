@@ -9,4 +9,8 @@ Imports run one way (a test checks it):
    reward).
 
 This package's ``__init__`` imports nothing, so that importing the world never pulls in the top.
+
+May import: the world, torch only; :mod:`.pretrain` also :mod:`lit_treegrpo.core`, the Shapes model
+and reward, and Lightning (pre-training has its own small LightningCLI); never the package's
+Lightning layer (training, data, runs, cli).
 """

@@ -23,7 +23,6 @@ import math
 import platform
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
@@ -36,10 +35,16 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..core.rollout import rollout
 from ..core.seeding import generator
 from ..core.spec import TreeSpec
-from ..models.shapes import ShapesAdapter, ShapesModelConfig, build_components, encode_text, model_config_of, save_components
+from ..models.shapes import (
+    ShapesAdapter,
+    ShapesModelConfig,
+    build_components,
+    encode_text,
+    model_config_of,
+    save_components,
+)
 from ..rewards.shapes import ShapesReward
 from . import world
-
 
 
 class SceneBatch(NamedTuple):
@@ -113,8 +118,11 @@ class ShapesDataModule(pl.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--data.batch_size must be >= 1, got {batch_size}")
-        for name, p in (("caption_dropout", caption_dropout), ("size_word_prob", size_word_prob),
-                        ("position_word_prob", position_word_prob)):  # fmt: skip
+        for name, p in (
+            ("caption_dropout", caption_dropout),
+            ("size_word_prob", size_word_prob),
+            ("position_word_prob", position_word_prob),
+        ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"--data.{name} must be in [0, 1], got {p}")
         self.batch_size = batch_size
@@ -126,8 +134,15 @@ class ShapesDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start = self.trainer.global_step if self.trainer is not None else 0  # resumed runs continue
-        stream = SceneStream(self.image_size, self.batch_size, self.seed, self.caption_dropout,
-                             self.size_word_prob, self.position_word_prob, start_index=start)  # fmt: skip
+        stream = SceneStream(
+            self.image_size,
+            self.batch_size,
+            self.seed,
+            self.caption_dropout,
+            self.size_word_prob,
+            self.position_word_prob,
+            start_index=start,
+        )
         return DataLoader(stream, batch_size=None, collate_fn=lambda b: b, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
@@ -270,8 +285,9 @@ class ShapesPretrainModule(pl.LightningModule):
     @torch.no_grad()
     def evaluate(self, components: dict[str, Any] | None = None) -> dict[str, float]:
         """Reward and accuracies of deterministic samples of the (EMA) model on fixed prompts."""
-        adapter = ShapesAdapter(components or self.ema_components(), num_steps=self.eval_steps,
-                                guidance_scale=self.eval_guidance, lora=None).to(self.device)  # fmt: skip
+        adapter = ShapesAdapter(
+            components or self.ema_components(), num_steps=self.eval_steps, guidance_scale=self.eval_guidance, lora=None
+        ).to(self.device)
         return evaluate_adapter(adapter, self.evaluation_prompts())
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -279,8 +295,11 @@ class ShapesPretrainModule(pl.LightningModule):
         self.last_eval = metrics
         n = self.eval_samples
         self.log_dict({f"val/{k}": v for k, v in metrics.items() if k not in ("colour_acc", "shape_acc")}, batch_size=n)
-        self.log_dict({"val/colour_acc": metrics["colour_acc"], "val/shape_acc": metrics["shape_acc"]},
-                      prog_bar=True, batch_size=n)  # fmt: skip
+        self.log_dict(
+            {"val/colour_acc": metrics["colour_acc"], "val/shape_acc": metrics["shape_acc"]},
+            prog_bar=True,
+            batch_size=n,
+        )
 
     # ------------------------------------------------------------------------ export
     def on_train_end(self) -> None:

@@ -124,9 +124,7 @@ def parse_prompt(prompt: str) -> ShapeSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def coverage(
-    shape: Tensor, extent: Tensor, cx: Tensor, cy: Tensor, image_size: int, supersample: int = 4
-) -> Tensor:
+def coverage(shape: Tensor, extent: Tensor, cx: Tensor, cy: Tensor, image_size: int, supersample: int = 4) -> Tensor:
     """Anti-aliased coverage [B, H, W] in [0, 1] of shapes [B] (indices into SHAPES) with
     bounding-box side ``extent`` [B] centred at ``(cx, cy)`` [B] (pixels; pixel ``i`` spans
     ``[i, i + 1)``). Each pixel averages ``supersample**2`` point samples."""
@@ -231,9 +229,7 @@ def sample_scenes(
     return Scenes(shape, colour, extent, cx, cy, background, prompts)
 
 
-def scenes_for(
-    prompts: list[str], image_size: int, generator: torch.Generator | None = None
-) -> Scenes:
+def scenes_for(prompts: list[str], image_size: int, generator: torch.Generator | None = None) -> Scenes:
     """One random scene per prompt that satisfies it (its free attributes drawn as in
     :func:`sample_scenes`). Reference images for tests and for the reward's calibration."""
     specs = [parse_prompt(p) for p in prompts]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from compare.methods import HEADLINE, TASK, VARIANTS, RunSpec, method_names, preset, run_args
 from compare.runs import Protocol, train
+
 from lit_treegrpo.cli import TreeGRPOCLI
 from lit_treegrpo.core import TreeSpec
 
@@ -39,8 +39,12 @@ def method_of(parser, *configs: Path) -> dict:
     cfg = parser.parse_args([a for c in configs for a in ("--config", str(c))]).as_dict()
     model, adapter = cfg["model"], cfg["model"]["adapter"]["init_args"]
     schedules = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("PruningSchedule")]
-    return {**{k: model[k] for k in METHOD_KEYS}, "dynamics": adapter["dynamics"],
-            "noise_level": adapter["noise_level"], "pruning": schedules}  # fmt: skip
+    return {
+        **{k: model[k] for k in METHOD_KEYS},
+        "dynamics": adapter["dynamics"],
+        "noise_level": adapter["noise_level"],
+        "pruning": schedules,
+    }
 
 
 def test_every_method_has_one_preset() -> None:

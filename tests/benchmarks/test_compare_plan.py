@@ -8,35 +8,54 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-
 from compare import plan, report
 from compare.methods import RunSpec, resolved_config, training_identity
 from compare.runs import Protocol, RunCache
 
 PROTOCOL = Protocol(budget=100.0, evaluations=4, eval_seeds=2)
-DESIGN = plan.Design(protocol=PROTOCOL, sweep_seeds=(100, 101), report_seeds=(0, 1, 2), variant_seeds=(),
-                     grids={"treegrpo": (1e-4, 3e-4, 1e-3), "dancegrpo": (1e-4, 3e-4, 1e-3)},
-                     headline=("treegrpo", "dancegrpo"), variants=())  # fmt: skip
+DESIGN = plan.Design(
+    protocol=PROTOCOL,
+    sweep_seeds=(100, 101),
+    report_seeds=(0, 1, 2),
+    variant_seeds=(),
+    grids={"treegrpo": (1e-4, 3e-4, 1e-3), "dancegrpo": (1e-4, 3e-4, 1e-3)},
+    headline=("treegrpo", "dancegrpo"),
+    variants=(),
+)
 
 
 def write(cache: RunCache, spec: RunSpec, rewards: list[float]) -> None:
     """A run record whose held-out curve is ``rewards`` at 0, 25, 50, 75, 100 units."""
-    points = [{"units": 25.0 * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001,
-               "reward_per_seed": [r, r]} for i, r in enumerate(rewards)]  # fmt: skip
+    points = [
+        {"units": 25.0 * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001, "reward_per_seed": [r, r]}
+        for i, r in enumerate(rewards)
+    ]
     its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 5
     cache.folder.mkdir(parents=True, exist_ok=True)
-    cache.path(spec).write_text(json.dumps({"identity": {"protocol": asdict(cache.protocol)}, "spec": asdict(spec),
-                                            "config": resolved_config(spec), "iterations": its, "curve": points}))  # fmt: skip
+    cache.path(spec).write_text(
+        json.dumps(
+            {
+                "identity": {"protocol": asdict(cache.protocol)},
+                "spec": asdict(spec),
+                "config": resolved_config(spec),
+                "iterations": its,
+                "curve": points,
+            }
+        )
+    )
 
 
 def sweep_jobs(cache: RunCache) -> set[tuple[str, float, int]]:
     return {(s.method, s.lr, s.seed) for s in plan.jobs(cache, DESIGN) if s.seed in DESIGN.sweep_seeds}
 
 
-def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_best_is_at_an_edge(tmp_path: Path) -> None:
+def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_best_is_at_an_edge(
+    tmp_path: Path,
+) -> None:
     cache = RunCache(tmp_path, PROTOCOL)
-    assert plan.jobs(cache, DESIGN) == [RunSpec(m, lr, s) for m in ("treegrpo", "dancegrpo")
-                                        for lr in (1e-4, 3e-4, 1e-3) for s in (100, 101)]  # fmt: skip
+    assert plan.jobs(cache, DESIGN) == [
+        RunSpec(m, lr, s) for m in ("treegrpo", "dancegrpo") for lr in (1e-4, 3e-4, 1e-3) for s in (100, 101)
+    ]
     # dancegrpo: 3e-4 has the best mean plateau, 1e-3 the best single seed but a wide spread
     for lr, (a, b) in {1e-4: (0.60, 0.61), 3e-4: (0.70, 0.71), 1e-3: (0.80, 0.50)}.items():
         write(cache, RunSpec("dancegrpo", lr, 100), [0.5, a, a, a, a])
@@ -51,7 +70,9 @@ def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_b
     assert ("treegrpo", 3e-5, 100) in sweep_jobs(cache)
     assert plan.targets(sweeps) is None  # fixed only once every sweep is complete
     # reported seeds start for the method whose sweep is done, never on the sweep seeds
-    assert [s for s in plan.jobs(cache, DESIGN) if s.seed not in (100, 101)] == [RunSpec("dancegrpo", 3e-4, k) for k in (0, 1, 2)]
+    assert [s for s in plan.jobs(cache, DESIGN) if s.seed not in (100, 101)] == [
+        RunSpec("dancegrpo", 3e-4, k) for k in (0, 1, 2)
+    ]
     for seed in (100, 101):
         write(cache, RunSpec("treegrpo", sweeps["treegrpo"].grid[0], seed), [0.5, 0.6, 0.7, 0.7, 0.7])
     sweeps = plan.sweeps_of(cache, DESIGN)
@@ -64,8 +85,12 @@ def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_b
 def test_grids_move_along_the_1_3_10_series() -> None:
     from compare.methods import neighbour, shifted_grid
 
-    assert [neighbour(1e-4, up=True), neighbour(3e-4, up=True), neighbour(1e-4, up=False), neighbour(3e-5, up=False)] == [
-        3e-4, 1e-3, 3e-5, 1e-5]  # fmt: skip
+    assert [
+        neighbour(1e-4, up=True),
+        neighbour(3e-4, up=True),
+        neighbour(1e-4, up=False),
+        neighbour(3e-5, up=False),
+    ] == [3e-4, 1e-3, 3e-5, 1e-5]
     assert shifted_grid((1e-4, 3e-4, 1e-3), 1e-3) == (3e-4, 1e-3, 3e-3)
     assert shifted_grid((1e-4, 3e-4, 1e-3), 3e-4) is None
     with pytest.raises(ValueError, match="not on the 1-3-10 series"):
@@ -93,7 +118,9 @@ def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_p
     results = report.summarise(cache, DESIGN)
     tree, dance = results["methods"]["treegrpo"], results["methods"]["dancegrpo"]
     assert results["complete"] and results["protocol"]["budget_axis"] == "compute"
-    assert tree["final"]["mean"] == pytest.approx(0.73) and dance["final"]["mean"] == pytest.approx((0.7 + 0.7 + 0.68) / 3)
+    assert tree["final"]["mean"] == pytest.approx(0.73) and dance["final"]["mean"] == pytest.approx(
+        (0.7 + 0.7 + 0.68) / 3
+    )
     # paired final differences 0.02, 0.03, 0.06: all positive, so resolved
     diff = results["pairs"]["treegrpo - dancegrpo"]["final"]
     assert diff["mean"] == pytest.approx((0.02 + 0.03 + 0.06) / 3) and diff["resolved"]
@@ -125,7 +152,11 @@ def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_
     assert training_identity(stated) == training_identity(left)
     # its rate and seed name the run; they are not part of what the files train
     other = resolved_config(RunSpec("treegrpo", 1e-3, 7))
-    assert training_identity(other) == training_identity(config) != training_identity(resolved_config(RunSpec("mixgrpo", 1e-3, 7)))
+    assert (
+        training_identity(other)
+        == training_identity(config)
+        != training_identity(resolved_config(RunSpec("mixgrpo", 1e-3, 7)))
+    )
 
 
 def test_the_docs_generated_region_is_replaced_and_nothing_else() -> None:

@@ -67,7 +67,11 @@ class StandIn(pl.LightningModule):
         return a.decode(x)  # [P, 3, H, W]
 
     def training_step(self, batch: list[str], batch_idx: int) -> dict[str, Any]:
-        pruning = self.pruning if self.pruning_schedule is None else self.pruning_schedule.at(self.iteration, self.trainer.max_steps)
+        pruning = (
+            self.pruning
+            if self.pruning_schedule is None
+            else self.pruning_schedule.at(self.iteration, self.trainer.max_steps)
+        )
         self.seen_pruning.append((self.iteration, pruning))
         # like TreeGRPOModule, the data position is the iteration: Lightning restarts a plain
         # DataLoader at its first batch when it resumes from a checkpoint written at an epoch's end

@@ -16,10 +16,19 @@ COLOURS = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])  
 
 
 def _tree(images: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
-    picture = draw_tree(edge_parent=PARENT, edge_source=torch.tensor([0, 0, 1, 1, 2, 2]), edge_depth=DEPTH,
-                        edge_step=torch.tensor([1, 1, 2, 2, 2, 2]), advantages=torch.tensor([0.5, -0.5, 1, -1, 2, -2.0]),
-                        keep=keep, leaf_edge=LEAF_EDGE, leaf_images=images, rewards=torch.tensor([0.1, 0.2, 0.3, 0.4]),
-                        title=["a title"], scale=2)  # fmt: skip
+    picture = draw_tree(
+        edge_parent=PARENT,
+        edge_source=torch.tensor([0, 0, 1, 1, 2, 2]),
+        edge_depth=DEPTH,
+        edge_step=torch.tensor([1, 1, 2, 2, 2, 2]),
+        advantages=torch.tensor([0.5, -0.5, 1, -1, 2, -2.0]),
+        keep=keep,
+        leaf_edge=LEAF_EDGE,
+        leaf_images=images,
+        rewards=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        title=["a title"],
+        scale=2,
+    )
     return np.asarray(picture)
 
 

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lit_treegrpo.callbacks import EMA
 from torch import nn
+
+from lit_treegrpo.callbacks import EMA
 
 from .helpers import StandIn, same, tiny_adapter
 
@@ -98,9 +99,8 @@ def test_swapped_puts_the_average_in_and_restores_bitwise() -> None:
             assert same(params, ema.shadows)
         assert same(params, ema.shadows)
     assert same(params, training)
-    with pytest.raises(RuntimeError, match="inside"):
-        with ema.swapped(m):
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), ema.swapped(m):
+        raise RuntimeError("inside")
     assert same(params, training)
 
 
@@ -138,9 +138,9 @@ def test_state_dict_round_trip_and_mismatch_errors() -> None:
         too_few.on_train_start(None, holder(a))
     wrong_shape = EMA(decay=0.5)
     wrong_shape.load_state_dict(state)
-    with pytest.raises(ValueError, match=r"tensor 1 has shape \(4,\) but trainable parameter 1 has \(5,\)"):
-        with wrong_shape.swapped(holder(a, nn.Parameter(torch.zeros(5)))):
-            pass
+    refused = pytest.raises(ValueError, match=r"tensor 1 has shape \(4,\) but trainable parameter 1 has \(5,\)")
+    with refused, wrong_shape.swapped(holder(a, nn.Parameter(torch.zeros(5)))):
+        pass
 
 
 def test_changed_options_warn_on_load() -> None:

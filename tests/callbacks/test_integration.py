@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
 from lit_treegrpo.callbacks import EMA, PruningSchedule, RewardMetrics, SampleGridLogger
 from lit_treegrpo.callbacks.sample_grid import to_uint8_hwc
-
 from lit_treegrpo.core.pruning import PruningConfig
 
 from .helpers import LEAVES_PER_PROMPT, TRAIN_PROMPTS, VAL_PROMPTS, StandIn, events, prompt_loader, same, trainer
@@ -52,7 +52,7 @@ def run(tmp_path_factory) -> dict[str, Any]:
     callbacks = dict(
         pruning=PruningSchedule(width="extreme", width_fraction=0.5, depth_window=1, depth_every=1, depth_stop=2),
         ema=EMA(decay=0.5),
-        # the bare grid (captions: tests/test_after_training.py), so that its layout is checked pixel by pixel
+        # the bare grid (captions: tests/scenarios/test_after_training.py), so that its layout is checked pixel by pixel
         grid=SampleGridLogger(prompts=TRAIN_PROMPTS[:3], seeds=[0, 1], every_n_steps=2, captions=False),
         metrics=RewardMetrics(),
     )

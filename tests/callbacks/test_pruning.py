@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from lit_treegrpo.callbacks import PruningSchedule
 
+from lit_treegrpo.callbacks import PruningSchedule
 from lit_treegrpo.core.pruning import PruningConfig
 
 from .helpers import TRAIN_PROMPTS, StandIn, prompt_loader, trainer

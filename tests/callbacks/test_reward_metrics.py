@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from lit_treegrpo.callbacks import RewardMetrics, RewardStats
 from lit_treegrpo.callbacks.reward_metrics import format_table, merge_sums, per_prompt_sums
 

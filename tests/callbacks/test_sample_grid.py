@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lit_treegrpo.callbacks import SampleGridLogger, make_grid
 
 from .helpers import TRAIN_PROMPTS, StandIn, prompt_loader, trainer

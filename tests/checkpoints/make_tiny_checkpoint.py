@@ -1,5 +1,5 @@
 """Writes ``tiny_sd3_step2.ckpt``: two training steps of the tiny SD3 model, as the code of the
-checkout this script runs in saves them. ``test_module.py::test_a_checkpoint_written_before_the_module_split_resumes``
+checkout this script runs in saves them. ``tests/training/test_module.py::test_a_checkpoint_written_before_the_module_split_resumes``
 resumes it; the committed file was written by the code before TreeGRPOModule's settings, fault
 ledger and helpers moved out of module.py (commit bd85ae5), so that test pins the checkpoint format.
 
@@ -20,13 +20,18 @@ import torch
 from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.tiny import TinySD3Adapter
-from lit_treegrpo.module import TreeGRPOModule
 from lit_treegrpo.rewards import RewardModel
 
-try:
-    from lit_treegrpo.settings import FaultPolicy
-except ImportError:  # the code before the split
-    from lit_treegrpo.module import FaultPolicy
+try:  # the package grouped by concern
+    from lit_treegrpo.training.faults import FaultPolicy
+    from lit_treegrpo.training.module import TreeGRPOModule
+except ImportError:  # the flat package: after the module split (settings.py), or before it
+    from lit_treegrpo.module import TreeGRPOModule
+
+    try:
+        from lit_treegrpo.settings import FaultPolicy
+    except ImportError:
+        from lit_treegrpo.module import FaultPolicy
 
 STEPS = 2
 NAME = "tiny_sd3_step2.ckpt"
@@ -61,8 +66,16 @@ def data() -> PromptDataModule:
 
 
 def trainer(root: Path, max_steps: int, **kwargs) -> L.Trainer:
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, limit_val_batches=0, default_root_dir=root, **kwargs)  # fmt: skip
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=root,
+        **kwargs,
+    )
 
 
 def main(folder: str) -> None:

@@ -49,9 +49,7 @@ class _Toy:
     def predict(self, x: Tensor, step_index, cond: Tensor) -> Tensor:
         return 0.1 * x + cond  # [N, D]
 
-    def step(
-        self, model_output, x, step_index, *, stochastic, noise=None, prev_sample=None
-    ) -> StepOutput:
+    def step(self, model_output, x, step_index, *, stochastic, noise=None, prev_sample=None) -> StepOutput:
         t = torch.as_tensor(step_index)
         return flow_sde_step(
             model_output,
@@ -148,8 +146,7 @@ def reference_advantages(
         fused = []
         for e in range(E):
             logits = [
-                beta * sum(old_log_prob[x] for x in strictly_below(leaf, e)) if beta != 0 else 0.0
-                for leaf in below[e]
+                beta * sum(old_log_prob[x] for x in strictly_below(leaf, e)) if beta != 0 else 0.0 for leaf in below[e]
             ]
             w = _softmax(logits)
             fused.append(sum(wi * score[leaf] for wi, leaf in zip(w, below[e])))
@@ -179,7 +176,7 @@ def reference_advantages(
             if p >= 0:
                 base = M[p]
             else:
-                base = statistics.fmean(a[l] for l in range(L) if leaf_prompt[l] == prompt_of[e])
+                base = statistics.fmean(a[j] for j in range(L) if leaf_prompt[j] == prompt_of[e])
             adv.append(M[e] - base)
         return adv
     assert method == "logprob_softmax"
@@ -245,9 +242,14 @@ BRANCH_FUSION = {
 
 def _hand(method: str, rewards=R, lp=LP, **kw) -> Tensor:
     return tree_advantages(
-        _t(rewards), _long(EP), _long(LEAF_EDGE), _long([0, 0, 0, 0]),
-        method=method, edge_old_log_prob=_t(lp), **kw,
-    )  # fmt: skip
+        _t(rewards),
+        _long(EP),
+        _long(LEAF_EDGE),
+        _long([0, 0, 0, 0]),
+        method=method,
+        edge_old_log_prob=_t(lp),
+        **kw,
+    )
 
 
 def test_hand_tree_is_what_rollout_records():
@@ -279,9 +281,7 @@ def test_branch_fusion_std_floor_is_on_the_raw_reward_scale():
 
 
 def test_branch_fusion_beta0_needs_no_log_probs():
-    out = tree_advantages(
-        _t(R), _long(EP), _long(LEAF_EDGE), _long([0, 0, 0, 0]), method="branch_fusion", beta=0.0
-    )
+    out = tree_advantages(_t(R), _long(EP), _long(LEAF_EDGE), _long([0, 0, 0, 0]), method="branch_fusion", beta=0.0)
     _close(out, BRANCH_FUSION[0.0])
 
 
@@ -347,14 +347,19 @@ def test_chain_tree_is_what_rollout_records():
 @pytest.mark.parametrize("method", METHODS)
 def test_hand_chain_edge_between_splits(method):
     out = tree_advantages(
-        _t(R), _long(CHAIN_EP), _long(CHAIN_LEAF_EDGE), _long([0, 0, 0, 0]),
-        method=method, edge_old_log_prob=_t(CHAIN_LP), beta=1.0,
-    )  # fmt: skip
+        _t(R),
+        _long(CHAIN_EP),
+        _long(CHAIN_LEAF_EDGE),
+        _long([0, 0, 0, 0]),
+        method=method,
+        edge_old_log_prob=_t(CHAIN_LP),
+        beta=1.0,
+    )
     _close(out, CHAIN_EXPECTED[method])
 
 
 # ----------------------------------------------------------------------------- random rollouts
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _random_case(seed: int):
     """A rollout of a random TreeSpec (T = 8), random rewards and beta, all from one generator."""
     gen = torch.Generator().manual_seed(seed)
@@ -368,9 +373,7 @@ def _random_case(seed: int):
     steps = torch.randperm(T - 1, generator=gen).tolist()  # every step but the last
     branch = sorted(steps[:num_split])
     sde = sorted(steps[num_split : num_split + randint(0, 2)])
-    spec = TreeSpec(
-        T, branch_steps=tuple(branch), branching=k, sde_steps=tuple(sde), num_trees=randint(1, 2)
-    )
+    spec = TreeSpec(T, branch_steps=tuple(branch), branching=k, sde_steps=tuple(sde), num_trees=randint(1, 2))
     tree = _grow(spec, randint(1, 3), gen)
     rewards = torch.randn(tree.num_leaves, generator=gen) * 2.0 + 0.5  # [L]
     rewards_k = torch.randn(tree.num_leaves, 3, generator=gen) * _t([1.0, 10.0, 0.1])  # [L, 3]
@@ -424,13 +427,19 @@ def test_matches_reference_multi_reward(seed, method):
     _, tree, _, rewards_k, weights, beta = _random_case(seed)
     score = combine_rewards(rewards_k, tree.leaf_prompt, weights)  # what MultiReward hands over
     out = tree_advantages(
-        *_tree_args(tree, score), method=method, edge_old_log_prob=tree.edge_old_log_prob,
+        *_tree_args(tree, score),
+        method=method,
+        edge_old_log_prob=tree.edge_old_log_prob,
         beta=beta,
-    )  # fmt: skip
+    )
     expected = reference_advantages(
-        rewards_k.tolist(), *_tree_lists(tree), method, tree.edge_old_log_prob.tolist(),
-        beta=beta, weights=weights.tolist(),
-    )  # fmt: skip
+        rewards_k.tolist(),
+        *_tree_lists(tree),
+        method,
+        tree.edge_old_log_prob.tolist(),
+        beta=beta,
+        weights=weights.tolist(),
+    )
     _close(out, expected, atol=1e-5)
 
 
@@ -481,9 +490,7 @@ def test_flat_tree_is_flat_grpo(method):
             assert math.isnan(expected[e]), "chains share no edge"
             expected[e], e, n = a[leaf], tree.edge_parent[e].item(), n + 1
         assert n == T - 1
-    out = tree_advantages(
-        *_tree_args(tree, rewards), method=method, edge_old_log_prob=tree.edge_old_log_prob
-    )
+    out = tree_advantages(*_tree_args(tree, rewards), method=method, edge_old_log_prob=tree.edge_old_log_prob)
     _close(out, expected, atol=1e-5)
 
 
@@ -544,9 +551,7 @@ def test_multi_reward_default_and_zero_weights():
         ones = tree_advantages(combine_rewards(rewards_k, lp, torch.ones(3)), *args, method=method, **kw)
         torch.testing.assert_close(default, ones, atol=1e-6, rtol=0.0)
         # weight only column 1 (scale 10): the same as that column alone, normalised.
-        only1 = tree_advantages(
-            combine_rewards(rewards_k, lp, _t([0.0, 1.0, 0.0])), *args, method=method, **kw
-        )
+        only1 = tree_advantages(combine_rewards(rewards_k, lp, _t([0.0, 1.0, 0.0])), *args, method=method, **kw)
         single = tree_advantages(rewards_k[:, 1], *args, method=method, **kw)
         torch.testing.assert_close(only1, single, atol=1e-5, rtol=0.0)
         assert not torch.allclose(default, single, atol=1e-3)
@@ -662,9 +667,14 @@ def test_ten_thousand_edges():
         for p in (0, 57):
             keep, leaves, parent, leaf_edge = _restrict_to_prompt(tree, p)
             alone = tree_advantages(
-                rewards[leaves], parent, leaf_edge, torch.zeros_like(leaves),
-                method=method, edge_old_log_prob=tree.edge_old_log_prob[keep], beta=0.7,
-            )  # fmt: skip
+                rewards[leaves],
+                parent,
+                leaf_edge,
+                torch.zeros_like(leaves),
+                method=method,
+                edge_old_log_prob=tree.edge_old_log_prob[keep],
+                beta=0.7,
+            )
             torch.testing.assert_close(out[keep], alone, atol=1e-5, rtol=0.0)
 
 

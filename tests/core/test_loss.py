@@ -172,8 +172,15 @@ def test_edge_loss_recomputes_the_edges_and_counts_the_reference_forwards() -> N
     new = recompute_log_probs(model.predict, model.step, tree, kids, cond)
     with reference():
         ref = recompute_log_probs(model.predict, model.step, tree, kids, cond)
-    expected = kl_loss(new.step.log_prob, tree.edge_old_log_prob[kids], advantages[kids], group=new.group,
-                       mean=new.step.mean, ref_mean=ref.step.mean, std=new.step.std)  # fmt: skip
+    expected = kl_loss(
+        new.step.log_prob,
+        tree.edge_old_log_prob[kids],
+        advantages[kids],
+        group=new.group,
+        mean=new.step.mean,
+        ref_mean=ref.step.mean,
+        std=new.step.std,
+    )
     assert out.kl > 0 and torch.equal(out.loss, expected.loss) and torch.equal(out.kl, expected.kl)
     with pytest.raises(ValueError, match="kl_beta > 0 needs the reference model"):
         edge_loss(kl_loss, model.predict, model.step, tree, kids, cond, advantages)

@@ -9,17 +9,14 @@ import torch
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from lit_treegrpo.core import memory
 from lit_treegrpo.core.memory import (
     SavedTensors,
     TrainingMemory,
-    available_memory,
     cond_row_bytes,
     count_saved_tensors,
     format_bytes,
     held_tree_bytes,
     largest_micro_batch,
-    mem_available,
     parents_per_rank,
     rollout_memory,
     training_memory,
@@ -75,8 +72,15 @@ def test_the_recorded_parts_are_what_a_rollout_stores(spec: TreeSpec, max_batch:
     P, shape = 3, (2, 4, 4)
     flow = ToyFlow(spec.num_steps)
     gen = torch.Generator().manual_seed(0)
-    tree = rollout(flow.predict, flow.step, spec, torch.zeros(P), torch.randn(P * spec.num_trees, *shape, generator=gen), generator=gen,
-                   max_batch=max_batch)  # fmt: skip
+    tree = rollout(
+        flow.predict,
+        flow.step,
+        spec,
+        torch.zeros(P),
+        torch.randn(P * spec.num_trees, *shape, generator=gen),
+        generator=gen,
+        max_batch=max_batch,
+    )
     est = rollout_memory(spec, P, shape, torch.float32, cond_bytes=cond_row_bytes(torch.zeros(P)), max_batch=max_batch)
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
     assert est.parts["recorded sources"] == nbytes(tree.source_x)
@@ -102,19 +106,6 @@ def test_bad_arguments_are_named() -> None:
         rollout_memory(TreeSpec(2), 0, (1,), torch.float32)
     with pytest.raises(ValueError, match="cond_bytes must be >= 0"):
         rollout_memory(TreeSpec(2), 1, (1,), torch.float32, cond_bytes=-1)
-
-
-def test_available_memory_shares_memavailable_among_the_node_processes(monkeypatch) -> None:
-    monkeypatch.setattr(memory, "mem_available", lambda: 4000)
-    assert available_memory(torch.device("cpu"), processes=4) == (1000, "MemAvailable / 4 process(es) of this node")
-    assert available_memory(torch.device("meta")) == (None, "not measured on meta")
-    monkeypatch.setattr(memory, "mem_available", lambda: None)
-    assert available_memory(torch.device("cpu")) == (None, "MemAvailable unknown")
-
-
-def test_mem_available_reads_this_machine() -> None:
-    available = mem_available()
-    assert available is not None and available > 0
 
 
 # ------------------------------------------------------------------------------ the training pass
@@ -190,11 +181,17 @@ def test_training_memory_arithmetic() -> None:
     mem = training_memory(saved, checkpointing=True, trainable_bytes=50, optimizer_state_bytes=100, held_bytes=150)
     # checkpointed: 1000 - (400 + 300) + (10 + 10) + 400 = 720, plus 2 x 100 of backward workspace
     assert mem == TrainingMemory(920, {"gradients": 50, "optimizer state": 100, "the rollout's tree": 150})
-    assert training_memory(saved, checkpointing=False, trainable_bytes=0, optimizer_state_bytes=0, held_bytes=0).per_parent == 1200
+    assert (
+        training_memory(saved, checkpointing=False, trainable_bytes=0, optimizer_state_bytes=0, held_bytes=0).per_parent
+        == 1200
+    )
     assert mem.total(3) == 3 * 920 + 300
     assert mem.parents_that_fit(300 + 3 * 920) == 3 and mem.parents_that_fit(300 + 3 * 920 - 1) == 2
     assert mem.parents_that_fit(300 + 919) == 0 and mem.parents_that_fit(100) == 0
-    assert mem.describe(2) == "2.14 kB (2 parent(s) x 920 B, gradients 50 B, optimizer state 100 B, the rollout's tree 150 B)"
+    assert (
+        mem.describe(2)
+        == "2.14 kB (2 parent(s) x 920 B, gradients 50 B, optimizer state 100 B, the rollout's tree 150 B)"
+    )
 
 
 def test_parents_and_the_largest_micro_batch() -> None:

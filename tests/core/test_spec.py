@@ -211,8 +211,9 @@ def test_ode_tail_refuses_stochastic_steps_in_the_tail_and_keeps_windows_off_it(
     flat = TreeSpec(10, sde_steps=tuple(range(8)), num_trees=4, ode_tail=2)
     assert flat.num_edges() == 4 * 8
     # a window of 4 SDE steps (0..3): offsets 0 .. 10 - 1 - 2 - 3 = 4, so the window ends at step 7
-    spec = TreeSpec(10, sde_steps=(0, 1, 2, 3), ode_tail=2,
-                    window=WindowSchedule(kind="progressive", target="sde", every=1))  # fmt: skip
+    spec = TreeSpec(
+        10, sde_steps=(0, 1, 2, 3), ode_tail=2, window=WindowSchedule(kind="progressive", target="sde", every=1)
+    )
     assert [spec.at(i).sde_steps for i in (0, 4, 5, 100)] == [(0, 1, 2, 3), (4, 5, 6, 7), (4, 5, 6, 7), (4, 5, 6, 7)]
     # with the default ode_tail = 1 the same window reaches step 8
     assert TreeSpec(10, sde_steps=(0, 1, 2, 3), window=spec.window).at(100).sde_steps == (5, 6, 7, 8)

@@ -285,14 +285,16 @@ def test_flow_sde_matches_flow_grpo_expanded_form_on_sd3_schedule():
         mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
         out = flow_sde_step(v, x, sigma, sigma_next, noise_level=a, noise=torch.zeros(SHAPE))
         torch.testing.assert_close(out.mean, mean, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(out.std, (std_dev_t * torch.sqrt(-dt)).expand(SHAPE[0], 1, 1, 1), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(
+            out.std, (std_dev_t * torch.sqrt(-dt)).expand(SHAPE[0], 1, 1, 1), atol=1e-6, rtol=1e-6
+        )
 
 
 def test_dance_sde_matches_dancegrpo_score_form():
     """DanceGRPO writes the step through the score of x_sigma = (1 - sigma) x0 + sigma eps::
 
-        x0 = x - sigma v,  score = -(x - (1 - sigma) x0) / sigma^2
-        mean = x + dt v + dt (-eta^2 / 2) score,  std = eta sqrt(-dt)
+    x0 = x - sigma v,  score = -(x - (1 - sigma) x0) / sigma^2
+    mean = x + dt v + dt (-eta^2 / 2) score,  std = eta sqrt(-dt)
     """
     v, x = _pair(500)
     eta = 0.3

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_deterministic_rollout_equals_the_pipeline(name: str) -> None:
     # and the decoded images equal the pipeline's own post-processed [0, 1] output
     images = adapter.decode(ours)
     assert images.dtype == torch.float32 and images.shape == (2, 3, 32, 32)
-    assert 0.0 <= float(images.min()) and float(images.max()) <= 1.0
+    assert float(images.min()) >= 0.0 and float(images.max()) <= 1.0
     torch.testing.assert_close(images, pipeline_latents(name, pipe, adapter, noise, "pt"), atol=1e-4, rtol=0)
 
 
@@ -109,7 +110,9 @@ def test_loading_a_saved_pipeline_reproduces_it(name: str, tmp_path) -> None:
     loaded = FAMILIES[name].adapter(str(tmp_path), num_steps=T, **FAMILIES[name].adapter_kwargs)
     assert len(loaded.pipeline.tokenizer) == 514
     noise = adapter.initial_noise(2, torch.Generator().manual_seed(3))
-    torch.testing.assert_close(deterministic_leaves(loaded, noise), deterministic_leaves(adapter, noise), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        deterministic_leaves(loaded, noise), deterministic_leaves(adapter, noise), atol=1e-6, rtol=0
+    )
 
 
 @pytest.mark.parametrize("adapter_cls", [SD15Adapter, SD3Adapter])
@@ -223,9 +226,8 @@ def test_full_finetune_trains_the_whole_denoiser() -> None:
     adapter, _ = make("sd15", lora=None)
     denoiser = {id(p) for p in adapter.denoiser.parameters()}
     assert {id(p) for p in adapter.trainable_parameters()} == denoiser
-    with pytest.raises(ValueError, match="KL reference needs LoRA"):
-        with adapter.reference():
-            pass
+    with pytest.raises(ValueError, match="KL reference needs LoRA"), adapter.reference():
+        pass
     with pytest.raises(ValueError, match="save_lora needs LoRA"):
         adapter.save_lora("unused")
 
@@ -244,7 +246,11 @@ def test_modules_stay_in_eval_mode() -> None:
         (TinySD15Adapter, dict(num_steps=0), "num_steps"),
         (TinySD15Adapter, dict(guidance_scale=-1.0), "guidance_scale"),
         (TinySD15Adapter, dict(decode_batch_size=0), "decode_batch_size"),
-        (TinySD15Adapter, dict(lora=LoraSettings(target_modules=("to_q", "nothing_here"))), r"lora.target_modules \[.nothing_here.\] match no module"),
+        (
+            TinySD15Adapter,
+            dict(lora=LoraSettings(target_modules=("to_q", "nothing_here"))),
+            r"lora.target_modules \[.nothing_here.\] match no module",
+        ),
         (TinySD3Adapter, dict(dynamics="ode"), "dynamics"),
         (TinySD3Adapter, dict(noise_level=0.0), "noise_level"),
         (TinySD3Adapter, dict(resolution=34), "multiple of 4"),

@@ -66,7 +66,9 @@ def test_deterministic_rollout_equals_flux_pipeline(case: str, saved) -> None:
     adapter = FluxAdapter(str(saved[model]), **COMMON, **adapter_kwargs)
     pipe = fresh_pipeline(saved[model])
     if "shift" in adapter_kwargs:  # the same fixed shift in the pipeline's scheduler
-        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, shift=3.0, use_dynamic_shifting=False)
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
+            pipe.scheduler.config, shift=3.0, use_dynamic_shifting=False
+        )
     noise = adapter.initial_noise(len(PROMPTS), torch.Generator().manual_seed(1))  # packed [2, 64, 16]
     assert noise.shape == (2, 64, 16)
     ours = deterministic_leaves(adapter, noise)
@@ -137,7 +139,10 @@ def test_bf16_rollout_and_recompute_are_finite() -> None:
 def test_lora_sits_on_the_attention_of_both_block_kinds() -> None:
     adapter = TinyFluxAdapter(num_steps=T)
     adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in adapter.denoiser.named_modules() if n.endswith("lora_A")}
-    double = {f"transformer_blocks.0.attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
+    double = {
+        f"transformer_blocks.0.attn.{m}"
+        for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    }
     single = {f"single_transformer_blocks.0.attn.{m}" for m in ("to_q", "to_k", "to_v")}
     assert adapted == double | single
     assert all("lora_" in n for n, p in adapter.named_parameters() if p.requires_grad)
@@ -173,7 +178,12 @@ def test_a_lora_trained_two_steps_reproduces_in_a_fresh_flux_pipeline(saved, tmp
     theirs = pipe(prompt=PROMPTS, latents=noise.clone(), output_type="latent", guidance_scale=3.5, **PIPE).images
     torch.testing.assert_close(theirs, trained, atol=1e-5, rtol=0)
     pipe.disable_lora()  # the pipeline without the LoRA is the base model again
-    torch.testing.assert_close(pipe(prompt=PROMPTS, latents=noise.clone(), output_type="latent", guidance_scale=3.5, **PIPE).images, base, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        pipe(prompt=PROMPTS, latents=noise.clone(), output_type="latent", guidance_scale=3.5, **PIPE).images,
+        base,
+        atol=1e-5,
+        rtol=0,
+    )
     with adapter.reference():  # and so is the adapter with its LoRA disabled
         torch.testing.assert_close(deterministic_leaves(adapter, noise), base, atol=0, rtol=0)
 

@@ -54,8 +54,13 @@ def test_a_deterministic_rollout_is_the_schedulers_euler_sampler(tmp_path: Path)
     x = noise
     with torch.no_grad():
         for t in scheduler.timesteps:
-            v = net(hidden_states=torch.cat([x, x]), timestep=t.expand(4), encoder_hidden_states=out.last_hidden_state,
-                    pooled_projections=out.text_embeds, return_dict=False)[0]  # fmt: skip
+            v = net(
+                hidden_states=torch.cat([x, x]),
+                timestep=t.expand(4),
+                encoder_hidden_states=out.last_hidden_state,
+                pooled_projections=out.text_embeds,
+                return_dict=False,
+            )[0]
             uncond, text = v.chunk(2)
             x = scheduler.step(uncond + 3.0 * (text - uncond), t, x, return_dict=False)[0]
     torch.testing.assert_close(tree.leaf_latents, x, atol=1e-5, rtol=0)
@@ -81,11 +86,16 @@ def test_lora_by_default_and_full_fine_tuning_on_request(tmp_path: Path) -> None
     fresh.load_lora_adapter(str(folder), prefix=None, weight_name="pytorch_lora_weights.safetensors")
     x, t = torch.randn(2, 3, 16, 16), torch.tensor([500.0, 250.0])
     cond = lora.encode_prompts(["a red circle", "a green square"])
-    kwargs = dict(encoder_hidden_states=cond["prompt_embeds"], pooled_projections=cond["pooled_prompt_embeds"],
-                  return_dict=False)  # fmt: skip
+    kwargs = dict(
+        encoder_hidden_states=cond["prompt_embeds"], pooled_projections=cond["pooled_prompt_embeds"], return_dict=False
+    )
     with torch.no_grad():
-        torch.testing.assert_close(fresh(hidden_states=x, timestep=t, **kwargs)[0],
-                                   lora.denoiser(hidden_states=x, timestep=t, **kwargs)[0], atol=1e-5, rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            fresh(hidden_states=x, timestep=t, **kwargs)[0],
+            lora.denoiser(hidden_states=x, timestep=t, **kwargs)[0],
+            atol=1e-5,
+            rtol=0,
+        )
     with pytest.raises(ValueError, match="save_lora needs LoRA training"):
         full.save_lora(tmp_path / "nope")
 
@@ -97,7 +107,9 @@ def test_save_pretrained_round_trips_through_from_pretrained(tmp_path: Path, lor
     with torch.no_grad():
         for p in adapter.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert not torch.equal(adapter.predict(torch.ones(1, 3, 16, 16), 4, adapter.encode_prompts(["a red circle"])), before)
+    assert not torch.equal(
+        adapter.predict(torch.ones(1, 3, 16, 16), 4, adapter.encode_prompts(["a red circle"])), before
+    )
     folder = adapter.save_pretrained(tmp_path / "tuned", note="test")
     again = ShapesAdapter(folder, lora=None)  # the LoRA is merged into the saved weights
     x, cond = torch.randn(3, 3, 16, 16), adapter.encode_prompts(["a red circle"] * 3)

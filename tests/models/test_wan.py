@@ -102,7 +102,9 @@ def train_steps(adapter: WanAdapter, steps: int, lr: float) -> None:
 
 
 def test_lora_trained_two_steps_reproduces_in_a_fresh_wan_pipeline(tmp_path: Path) -> None:
-    adapter = TinyWanAdapter(lora=LoraSettings(rank=4, alpha=8.0), **{k: v for k, v in OPTIONS.items() if k not in SIZE})
+    adapter = TinyWanAdapter(
+        lora=LoraSettings(rank=4, alpha=8.0), **{k: v for k, v in OPTIONS.items() if k not in SIZE}
+    )
     before = {k: v.clone() for k, v in adapter.state_dict().items()}
     train_steps(adapter, steps=2, lr=200.0)  # B starts at zero; a large step makes the change visible
     changed = {k for k, v in adapter.state_dict().items() if not torch.equal(before[k], v)}
@@ -126,7 +128,9 @@ def test_lora_trained_two_steps_reproduces_in_a_fresh_wan_pipeline(tmp_path: Pat
 def test_guidance_is_one_batched_forward_with_the_negative_prompt() -> None:
     adapter = TinyWanAdapter(**{k: v for k, v in OPTIONS.items() if k not in SIZE})
     sizes: list[int] = []
-    adapter.denoiser.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["hidden_states"].shape[0]), with_kwargs=True)
+    adapter.denoiser.register_forward_pre_hook(
+        lambda m, a, kw: sizes.append(kw["hidden_states"].shape[0]), with_kwargs=True
+    )
     cond = adapter.encode_prompts(PROMPTS)
     assert set(cond) == {"prompt_embeds", "negative_prompt_embeds"}
     assert not torch.equal(cond["prompt_embeds"], cond["negative_prompt_embeds"])

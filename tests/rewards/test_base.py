@@ -78,9 +78,7 @@ def test_normalize_then_weight_equals_hand_numbers() -> None:
     r = 1 / math.sqrt(2)
     expected_p = [-s + 0.5 * -r, 0 + 0.5 * -r, s + 0.5 * 2 * r]
     expected_q = [-1 + 0.5 * -1, 1 + 0.5 * 1]
-    expected = torch.tensor(
-        [expected_p[0], expected_q[0], expected_p[1], expected_q[1], expected_p[2]]
-    )
+    expected = torch.tensor([expected_p[0], expected_q[0], expected_p[1], expected_q[1], expected_p[2]])
     torch.testing.assert_close(out.total, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(multi(pixel_images(A, B), prompts), out.total)
     # the components are the raw scores, for logging
@@ -91,13 +89,9 @@ def test_normalize_then_weight_equals_hand_numbers() -> None:
 
 def test_weighted_sum_uses_raw_scores() -> None:
     A, B = [1.0, 5.0, 2.0], [4.0, 2.0, 4.0]
-    multi = MultiReward(
-        {"a": PixelReward(0), "b": PixelReward(1)}, {"a": 2.0, "b": -1.0}, "weighted_sum"
-    )
+    multi = MultiReward({"a": PixelReward(0), "b": PixelReward(1)}, {"a": 2.0, "b": -1.0}, "weighted_sum")
     out = multi(pixel_images(A, B), ["p", "q", "p"])
-    torch.testing.assert_close(
-        out, torch.tensor([2 * 1 - 4, 2 * 5 - 2, 2 * 2 - 4.0]), rtol=0, atol=1e-5
-    )
+    torch.testing.assert_close(out, torch.tensor([2 * 1 - 4, 2 * 5 - 2, 2 * 2 - 4.0]), rtol=0, atol=1e-5)
 
 
 def test_single_leaf_group_normalises_to_zero() -> None:
@@ -150,9 +144,7 @@ def test_multi_reward_validates_its_arguments() -> None:
         MultiReward({})
     with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['c'\]"):
         MultiReward({"a": PixelReward(0), "b": PixelReward(1)}, {"a": 1.0, "c": 1.0})
-    with pytest.raises(
-        ValueError, match="aggregate must be one of normalize_then_weight, weighted_sum"
-    ):
+    with pytest.raises(ValueError, match="aggregate must be one of normalize_then_weight, weighted_sum"):
         MultiReward({"a": PixelReward(0)}, aggregate="mean")
     with pytest.raises(TypeError, match="reward 'x' must be a RewardModel, got Linear"):
         MultiReward({"x": torch.nn.Linear(1, 1)})
@@ -234,9 +226,7 @@ def test_resize_matches_pil_bicubic_within_a_grey_level(size) -> None:
 
     # a smooth image: on pixel noise PIL's uint8 clipping between its two passes differs more
     g = torch.Generator().manual_seed(0)
-    x = torch.nn.functional.interpolate(
-        torch.rand(1, 3, 5, 7, generator=g), size=(40, 56), mode="bilinear"
-    )
+    x = torch.nn.functional.interpolate(torch.rand(1, 3, 5, 7, generator=g), size=(40, 56), mode="bilinear")
     x = (x * 255).round() / 255  # uint8-exact values, so PIL sees the same image
     pil = Image.fromarray((x[0].permute(1, 2, 0) * 255).round().byte().numpy())
     resized = pil.resize(size[::-1], Image.BICUBIC)

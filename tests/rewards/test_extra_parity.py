@@ -79,9 +79,7 @@ def image_reward_dir(tmp_path_factory):
     vocab = BERT_WORDS + letters + ["##" + c for c in letters]
     (root / "bert-base-uncased").mkdir()
     (root / "bert-base-uncased" / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (root / "bert-base-uncased" / "tokenizer_config.json").write_text(
-        json.dumps({"do_lower_case": True})
-    )
+    (root / "bert-base-uncased" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     # a 1-layer BERT; hidden size 768 because the package's MLP is MLP(768)
     med = {
         "architectures": ["BertModel"],
@@ -130,9 +128,7 @@ def test_image_reward_batch_equals_the_package_score(image_reward) -> None:
     images = smooth_images(3, 224, 224)  # 224: the package's Resize/CenterCrop leave it as is
     ours = image_reward(images, PROMPTS)
     with torch.no_grad():
-        theirs = torch.tensor(
-            [image_reward.model.score(p, to_pil(im)) for p, im in zip(PROMPTS, images, strict=True)]
-        )
+        theirs = torch.tensor([image_reward.model.score(p, to_pil(im)) for p, im in zip(PROMPTS, images, strict=True)])
     assert ours.dtype == torch.float32 and ours.shape == (3,)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     assert (ours[1:] - ours[:-1]).abs().min() > 1e-3  # the images (and prompts) matter
@@ -226,9 +222,7 @@ def test_hps_mapping_equals_open_clip_on_the_same_weights(open_clip_tiny) -> Non
     reference = (out["image_features"] * out["text_features"]).sum(-1)  # HPSv2: diag(I @ T.T)
     torch.testing.assert_close(hps(images, PROMPTS), reference, rtol=0, atol=1e-5)
     with torch.no_grad():
-        ours_img = torch.nn.functional.normalize(
-            hps.model.get_image_features(pixel_values=pixels), dim=-1
-        )
+        ours_img = torch.nn.functional.normalize(hps.model.get_image_features(pixel_values=pixels), dim=-1)
     torch.testing.assert_close(ours_img, out["image_features"], rtol=0, atol=1e-5)
 
 

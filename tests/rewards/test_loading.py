@@ -57,9 +57,7 @@ def test_a_missing_local_path_gives_one_line_naming_it(tmp_path, load, named) ->
         ),
     ],
 )
-def test_a_hub_id_missing_offline_gives_one_line_naming_it(
-    monkeypatch, tmp_path, load, named
-) -> None:
+def test_a_hub_id_missing_offline_gives_one_line_naming_it(monkeypatch, tmp_path, load, named) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # conftest sets it; say so where it matters
     with pytest.raises(RewardLoadError) as err:
         load()

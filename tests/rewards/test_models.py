@@ -38,9 +38,7 @@ def clip_forward_cosines(reward, pixels: torch.Tensor, prompts: list[str]) -> to
     """cos(image_i, prompt_i) [B] from transformers' own ``CLIPModel.forward`` (its logits are
     logit_scale.exp() * cosines)."""
     enc = reward.tokenizer(prompts, padding=True, return_tensors="pt")
-    out = reward.model(
-        input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], pixel_values=pixels
-    )
+    out = reward.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], pixel_values=pixels)
     return out.logits_per_image.diagonal() / reward.model.logit_scale.exp()  # [B]
 
 
@@ -80,9 +78,7 @@ def test_clip_score_equals_the_torchmetrics_metric_per_image(tiny_rewards, image
     for i, prompt in enumerate(PROMPTS):
         metric.reset()
         metric.update(pixels[i : i + 1], [prompt])
-        torch.testing.assert_close(
-            reward(images[i : i + 1], [prompt])[0], metric.compute(), rtol=0, atol=1e-4
-        )
+        torch.testing.assert_close(reward(images[i : i + 1], [prompt])[0], metric.compute(), rtol=0, atol=1e-4)
 
 
 def test_feature_adapter_returns_the_projected_embedding_tensor(tiny_rewards) -> None:
@@ -112,9 +108,7 @@ def test_hps_is_cosine_of_clip_forward_on_padded_squares(tiny_rewards, images) -
 
 def test_hps_mapping_refuses_unknown_and_missing_keys() -> None:
     sd = random_open_clip_state_dict(TINY_ARCH)
-    with pytest.raises(
-        ValueError, match=r"1 keys this mapping does not know \(e.g. \['visual.head.weight'\]\)"
-    ):
+    with pytest.raises(ValueError, match=r"1 keys this mapping does not know \(e.g. \['visual.head.weight'\]\)"):
         open_clip_to_transformers({**sd, "visual.head.weight": torch.zeros(1)}, TINY_ARCH)
     del sd["visual.proj"]
     with pytest.raises(KeyError, match="visual.proj"):

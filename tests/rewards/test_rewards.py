@@ -38,9 +38,7 @@ def test_prompt_dependence_matches_the_model(tiny_rewards, images, name) -> None
     a = reward(images, PROMPTS)
     b = reward(images, ["an entirely different prompt"] * 4)
     if reward.uses_prompt:
-        assert ((a - b).abs() > 1e-4).all(), (
-            f"{name} ignores the prompt: {a.tolist()} vs {b.tolist()}"
-        )
+        assert ((a - b).abs() > 1e-4).all(), f"{name} ignores the prompt: {a.tolist()} vs {b.tolist()}"
     else:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

@@ -19,9 +19,15 @@ def references(prompts: list[str], seed: int = 0) -> tuple[torch.Tensor, world.S
 
 
 def one(shape: str, colour: str, extent: float, cx: float = 8.0, cy: float = 8.0, grey: float = 0.15) -> world.Scenes:
-    return world.Scenes(torch.tensor([SHAPES.index(shape)]), torch.tensor([list(COLOURS).index(colour)]),
-                        torch.tensor([extent]), torch.tensor([cx]), torch.tensor([cy]),
-                        torch.full((1, 3), grey), [""])  # fmt: skip
+    return world.Scenes(
+        torch.tensor([SHAPES.index(shape)]),
+        torch.tensor([list(COLOURS).index(colour)]),
+        torch.tensor([extent]),
+        torch.tensor([cx]),
+        torch.tensor([cy]),
+        torch.full((1, 3), grey),
+        [""],
+    )
 
 
 def test_rendered_references_score_near_one_and_are_identified() -> None:
@@ -36,8 +42,14 @@ def test_rendered_references_score_near_one_and_are_identified() -> None:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_moment_fit_recovers_extent_and_centre(shape: str) -> None:
     # a noiseless render: the fitted template of the true shape has the true extent and box centre
-    mask = world.coverage(torch.tensor([SHAPES.index(shape)]), torch.tensor([9.0]), torch.tensor([7.5]),
-                          torch.tensor([8.5]), 16, supersample=8)  # fmt: skip
+    mask = world.coverage(
+        torch.tensor([SHAPES.index(shape)]),
+        torch.tensor([9.0]),
+        torch.tensor([7.5]),
+        torch.tensor([8.5]),
+        16,
+        supersample=8,
+    )
     extent, cx, cy = _moment_fit(mask)
     k = SHAPES.index(shape)
     assert abs(float(extent[0, k]) - 9.0) < 0.15
@@ -50,8 +62,13 @@ def adversaries(prompts: list[str]) -> dict[str, torch.Tensor]:
     wanted = torch.tensor([list(COLOURS).index(parse_prompt(p).colour) for p in prompts])
     palette = torch.tensor(list(COLOURS.values()))
     _, scenes = references(prompts)
-    same = scenes._replace(shape=torch.zeros(B, dtype=torch.long), colour=torch.zeros(B, dtype=torch.long),
-                           extent=torch.full((B,), 8.0), cx=torch.full((B,), 8.0), cy=torch.full((B,), 8.0))  # fmt: skip
+    same = scenes._replace(
+        shape=torch.zeros(B, dtype=torch.long),
+        colour=torch.zeros(B, dtype=torch.long),
+        extent=torch.full((B,), 8.0),
+        cx=torch.full((B,), 8.0),
+        cy=torch.full((B,), 8.0),
+    )
     huge = scenes._replace(extent=torch.full((B,), 15.0), cx=torch.full((B,), 8.0), cy=torch.full((B,), 8.0))
     return {
         "full canvas of the requested colour": palette[wanted].view(B, 3, 1, 1).expand(B, 3, 16, 16).contiguous(),

@@ -47,7 +47,9 @@ def test_frame_average_scores_all_frames_in_one_call_with_their_prompts() -> Non
     scores = FrameAverage(image)(v, PROMPTS)
     assert len(image.calls) == 1 and image.calls[0][0] == (15, 3, 8, 12)
     assert image.calls[0][1] == [p for p in PROMPTS for _ in range(5)]
-    expected = torch.stack([torch.stack([image.score_batch(v[b, f][None], [PROMPTS[b]])[0] for f in range(5)]).mean() for b in range(3)])
+    expected = torch.stack(
+        [torch.stack([image.score_batch(v[b, f][None], [PROMPTS[b]])[0] for f in range(5)]).mean() for b in range(3)]
+    )
     torch.testing.assert_close(scores, expected)
 
 
@@ -125,7 +127,9 @@ def test_video_model_hook_takes_a_callable_or_an_import_path() -> None:
 
 def test_registry_builds_video_rewards_and_refuses_the_wrong_kind() -> None:
     assert {"frame_average", "temporal_consistency", "video_model"} <= set(REWARDS)
-    built = build_rewards({"frame_average": 1.0, "temporal_consistency": 0.5}, {"frame_average": {"frames": 2}}, video=True)
+    built = build_rewards(
+        {"frame_average": 1.0, "temporal_consistency": 0.5}, {"frame_average": {"frames": 2}}, video=True
+    )
     assert isinstance(built, VideoMultiReward) and built.rewards["frame_average"].frames == 2
     assert isinstance(build_rewards({"brightness": 1.0}, {}), MultiReward)
     with pytest.raises(ValueError, match="mixes image and video rewards"):

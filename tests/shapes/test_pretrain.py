@@ -29,8 +29,10 @@ def pretrain_args(root: Path, *extra: str) -> list[str]:
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return {**load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors"),
-            **{f"text.{k}": v for k, v in load_file(folder / "text_encoder" / "model.safetensors").items()}}  # fmt: skip
+    return {
+        **load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors"),
+        **{f"text.{k}": v for k, v in load_file(folder / "text_encoder" / "model.safetensors").items()},
+    }
 
 
 def test_the_scene_stream_is_a_pure_function_of_seed_and_index() -> None:
@@ -46,8 +48,14 @@ def test_the_scene_stream_is_a_pure_function_of_seed_and_index() -> None:
 @pytest.mark.slow  # two pretraining runs
 def test_pretraining_is_reproducible_from_its_seed_and_exports_a_loadable_model(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run([sys.executable, "-m", "lit_treegrpo.shapes.pretrain", *pretrain_args(tmp_path / "a")],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "lit_treegrpo.shapes.pretrain", *pretrain_args(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Shapes model written to" in run.stdout + run.stderr
     main(pretrain_args(tmp_path / "b"))  # the same seed, in this process

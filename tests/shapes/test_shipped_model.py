@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from lit_treegrpo.models.shapes import ShapesAdapter, ShapesModelConfig, builtin_folder

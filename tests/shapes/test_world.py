@@ -33,8 +33,14 @@ def test_prompts_outside_the_grammar_are_refused_with_the_grammar(prompt: str) -
 @pytest.mark.parametrize("extent", [5.0, 8.5, 11.0])
 def test_coverage_integrates_to_the_exact_area(shape: str, extent: float) -> None:
     # 8x8 supersampling: the area error is below one sample's area per boundary pixel crossed
-    cov = world.coverage(torch.tensor([SHAPES.index(shape)]), torch.tensor([extent]),
-                         torch.tensor([8.3]), torch.tensor([7.9]), 16, supersample=8)  # fmt: skip
+    cov = world.coverage(
+        torch.tensor([SHAPES.index(shape)]),
+        torch.tensor([extent]),
+        torch.tensor([8.3]),
+        torch.tensor([7.9]),
+        16,
+        supersample=8,
+    )
     exact = world.expected_area(shape, extent)
     assert cov.min() >= 0 and cov.max() <= 1
     assert abs(float(cov.sum()) - exact) < 0.02 * exact + 0.1

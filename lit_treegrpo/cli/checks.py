@@ -1,0 +1,273 @@
+"""The checks of a parsed configuration that need no weights: :func:`check_config`, which the CLI
+runs before any model loads (minutes for SD3.5), so that a bad value fails in one line naming the
+option instead of after the load or deep inside the first training step.
+
+The Trainer's options follow the same rule as the module's
+(:func:`~lit_treegrpo.cli.trainer_checks.check_trainer`). So do the optimizer's arguments (:func:`check_optimizer`: torch refuses ``lr -1`` only
+when the optimizer is built, as ``Invalid learning rate: -1.0``) and the arguments of the rewards'
+loaders (``--model.reward_kwargs``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import math
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from jsonargparse import Namespace
+
+from ..core.loss import ClippedPolicyLoss
+from ..core.pruning import PruningConfig
+from ..core.spec import RolloutLimits, TreeSpec
+from ..data.datamodule import PromptDataModule
+from ..rewards import REWARDS, check_reward_names
+from ..training.faults import FaultPolicy
+from ..training.memory_guard import MemoryGuard
+from ..training.resume import (
+    ADAPTER_MEMORY_OPTIONS,
+    check_resumable,
+    class_record,
+    fingerprint_of,
+    plain,
+    reward_record,
+)
+from ..training.settings import AdvantageSettings, check_settings
+from .trainer_checks import check_trainer, data_parallel_world, is_number
+from .user_errors import UserError
+
+
+def _plain(value: Any) -> Any:
+    """A parsed Namespace as plain dicts, without jsonargparse's bookkeeping keys (``__path__`` of
+    a section read from its own file)."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not k.startswith("__")}
+    return value
+
+
+def _build(option: str, make: Any) -> Any:
+    """``make()``, its ``ValueError`` prefixed by the option it concerns."""
+    try:
+        return make()
+    except (ValueError, TypeError) as err:
+        raise UserError(f"{option}: {err}") from err
+
+
+def _nan_options(value: Any, option: str) -> list[str]:
+    """The options under ``value`` (a parsed section) whose value is a float NaN."""
+    if isinstance(value, float):
+        return [option] if math.isnan(value) else []
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return [
+            found for k, v in value.items() if not str(k).startswith("__") for found in _nan_options(v, f"{option}.{k}")
+        ]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _nan_options(v, f"{option}[{i}]")]
+    return []
+
+
+def check_config(config: Any, subcommand: str | None = None) -> None:
+    """Everything the run's options say that can be checked without weights: no NaN anywhere, the
+    trainer's options (for ``subcommand``; None: as for fit), the tree, advantage, loss, pruning,
+    fault and memory settings, the optimizer's arguments, the reward names, their loaders'
+    arguments and their extras, the prompts, the batch sizes against the world size. Raises
+    :class:`UserError` / ``ValueError`` (one line)."""
+    # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
+    # from deep inside the optimizer that names no option
+    nans = [
+        found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")
+    ]
+    if nans:
+        raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
+    check_trainer(_plain(config["trainer"]), subcommand)
+    model = config["model"]
+    try:
+        names = check_reward_names(model.get("reward"), _plain(model.get("reward_kwargs")) or {})
+    except (ValueError, ImportError) as err:
+        raise UserError(f"--model.reward: {err}") from err
+    check_reward_arguments(names, _plain(model.get("reward_kwargs")) or {})
+    check_optimizer(model.get("optimizer"), "--model.optimizer")
+    check_optimizer(config.get("optimizer"), "--optimizer")  # LightningCLI's own, when given
+    tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
+    limits = _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
+    _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
+    _build("--model.pruning", lambda: PruningConfig(**_plain(model["pruning"])))
+    _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
+    _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
+    loss = _build("--model.loss", lambda: _loss(model.get("loss")))
+    adapter = model.get("adapter")
+    adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
+    adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
+    try:
+        check_settings(
+            tree,
+            minibatches=model["minibatches"],
+            accumulate=model["accumulate"],
+            inner_epochs=model["inner_epochs"],
+            grad_clip=model["grad_clip"],
+            val_samples=model["val_samples"],
+            edges_per_update=model["edges_per_update"],
+            adapter_num_steps=adapter_args.get("num_steps"),
+            limits=limits,
+            prefix="--model.",
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    if loss is not None and loss.kl_beta > 0 and "lora" in adapter_args and adapter_args["lora"] is None:
+        raise UserError(
+            "--model.loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with "
+            "LoRA disabled); set --model.adapter.init_args.lora or --model.loss.kl_beta 0"
+        )
+    data = _plain(config["data"])
+    with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
+        warnings.simplefilter("ignore")
+        datamodule = PromptDataModule(**data)
+    world = data_parallel_world(config["trainer"])
+    if world is not None:
+        datamodule.per_rank_batch_size(world)
+
+
+def _loss(spec: Any) -> ClippedPolicyLoss | None:
+    """The loss of a ``class_path`` / ``init_args`` spec, built (it holds no weights), or None."""
+    if spec is None:
+        return ClippedPolicyLoss()
+    if not isinstance(spec, Namespace) or "class_path" not in spec:
+        return None
+    module, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(**(_plain(spec.get("init_args")) or {}))
+
+
+# ------------------------------------------------------------------------ the optimizer
+#: optimizer arguments checked by name, before torch's own checks: the test and what it wants
+_OPTIMIZER_RULES = {
+    "lr": (lambda v: v > 0, "> 0 (0 trains nothing)"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "eps": (lambda v: v > 0, "> 0 (it keeps an update finite where a gradient is 0)"),
+    "momentum": (lambda v: v >= 0, ">= 0"),
+    "dampening": (lambda v: v >= 0, ">= 0"),
+    "lr_decay": (lambda v: v >= 0, ">= 0"),
+    "initial_accumulator_value": (lambda v: v >= 0, ">= 0"),
+    "alpha": (lambda v: v >= 0, ">= 0"),
+    "rho": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
+#: arguments that depend on the device the real parameters live on, left out of the trial build
+_DEVICE_ARGS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def check_optimizer(spec: Any, option: str) -> None:
+    """Refuse bad arguments of a ``class_path`` / ``init_args`` optimizer in one line naming the
+    argument: those torch checks only when the optimizer is built (after the model loaded) and
+    those it accepts although they train nothing or give NaN (``lr 0``, ``eps 0``). The optimizer
+    is then built on one scalar parameter, for the checks of other classes."""
+    spec = _plain(spec)
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        return
+    args = spec.get("init_args") or {}
+    for name, value in args.items():
+        rule = _OPTIMIZER_RULES.get(name)
+        if rule is not None and is_number(value) and not rule[0](value):
+            raise UserError(f"{option}.init_args.{name} must be {rule[1]}, got {value}")
+    betas = args.get("betas")
+    if isinstance(betas, (list, tuple)):
+        for i, beta in enumerate(betas):
+            if is_number(beta) and not 0 <= beta < 1:
+                raise UserError(f"{option}.init_args.betas[{i}] must be in [0, 1), got {beta}")
+    import torch
+
+    module, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    trial = {k: v for k, v in args.items() if k not in _DEVICE_ARGS}
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **trial)
+    except ValueError as err:  # torch's own argument checks ("Invalid learning rate: ...")
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        named = [k for k in trial if re.search(rf"\b{re.escape(k)}\b", message)]
+        where = f"{option}.init_args.{named[0]}" if named else f"{option}.init_args"
+        raise UserError(f"{where}: {spec['class_path']} refuses it: {message}") from err
+
+
+# ------------------------------------------------------------------------ the rewards' loaders
+def check_reward_arguments(names: list[str], kwargs: dict[str, dict[str, Any]]) -> None:
+    """Refuse ``--model.reward_kwargs`` that a reward's loader does not take (or lacks one it
+    needs), in one line with the arguments it takes: otherwise a ``TypeError`` once the policy has
+    loaded."""
+    for name in names:
+        loader = REWARDS[name]
+        given = kwargs.get(name) or {}
+        if not isinstance(given, dict):
+            raise UserError(f"--model.reward_kwargs.{name}: give a mapping of {name}'s arguments, got {given!r}")
+        params = inspect.signature(loader).parameters
+        takes = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+        if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
+            for key in given:
+                if key not in takes:
+                    close = difflib.get_close_matches(key, takes, n=1, cutoff=0.6)
+                    hint = f"did you mean {close[0]}? " if close else ""
+                    raise UserError(
+                        f"--model.reward_kwargs.{name}.{key}: reward {name!r} takes no argument {key!r}; "
+                        f"{hint}it takes {', '.join(takes)}"
+                    )
+        missing = [p for p in takes if params[p].default is inspect.Parameter.empty and p not in given]
+        if missing:
+            raise UserError(
+                f"--model.reward_kwargs.{name}.{missing[0]}: reward {name!r} needs it; "
+                f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'"
+            )
+
+
+def adapter_config(model: Any) -> dict[str, Any] | None:
+    """The adapter's ``init_args`` as configured, less the memory knobs a resume may change
+    (:data:`~lit_treegrpo.training.resume.ADAPTER_MEMORY_OPTIONS`): what a checkpoint records of them
+    (``TreeGRPOModule.adapter_config``). None when the adapter is no ``class_path`` spec."""
+    adapter = model.get("adapter")
+    if not isinstance(adapter, Namespace) or "init_args" not in adapter:
+        return None
+    args = _plain(adapter.get("init_args")) or {}
+    return {k: plain(v) for k, v in args.items() if k not in ADAPTER_MEMORY_OPTIONS}
+
+
+def configured_fingerprint(config: Any) -> dict[str, Any]:
+    """What the options alone say of a resume's fingerprint (:func:`lit_treegrpo.training.resume.fingerprint`:
+    no trainable tensors, which need the model), built as the module builds its own."""
+    model = config["model"]
+    adapter = model.get("adapter")
+    found: dict[str, Any] = {}
+    if isinstance(adapter, Namespace) and adapter.get("class_path"):
+        found["adapter"] = str(adapter["class_path"]).rpartition(".")[2]
+    args = adapter_config(model)
+    if args is not None:
+        found["adapter_config"] = args
+        if "num_steps" in args:
+            found["num_steps"] = args["num_steps"]
+    found["tree"] = asdict(TreeSpec.from_dict(_plain(model["tree"])))
+    found["reward"] = reward_record(_plain(model.get("reward")))
+    found["reward_kwargs"] = _plain(model.get("reward_kwargs")) or {}
+    found["advantage"] = plain(AdvantageSettings(**_plain(model["advantage"])))
+    loss = _loss(model.get("loss"))
+    if loss is not None:
+        found["loss"] = class_record(loss)
+    found["seed"] = model.get("seed")
+    optimizer = model.get("optimizer")
+    if isinstance(optimizer, Namespace) and optimizer.get("class_path"):
+        found["optimizer"] = str(optimizer["class_path"]).rpartition(".")[2]
+    return found
+
+
+def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str) -> None:
+    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads):
+    refuse an option it may not change (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``,
+    one line). The module checks again when the checkpoint loads, with what only the model knows
+    (the trainable tensors), and a checkpoint that records none of this is left to it."""
+    saved = fingerprint_of(checkpoint)
+    if saved is not None:
+        check_resumable(saved, configured_fingerprint(config), None, fitting=True, where=f"the checkpoint {ckpt_path}")

@@ -1,0 +1,105 @@
+"""What a run prints and how long it runs, as the CLI sets them up (:mod:`lit_treegrpo.cli.app`).
+
+- Progress: on a terminal, Lightning's bar; otherwise (stdout to a file or a pipe) plain lines from
+  :class:`~lit_treegrpo.callbacks.ProgressLines`, since a bar written to a file shows nothing for
+  minutes.
+- Start-up: :class:`~lit_treegrpo.callbacks.CompactModelSummary` replaces Lightning's table, and
+  :func:`quiet_startup` drops log lines that carry nothing for a user of this project (an
+  advertisement for a logging service; transformers' note that it falls back to its PIL image
+  processors, which is what the rewards use).
+- Length: ``--max_iterations`` counts training iterations (:class:`~lit_treegrpo.callbacks.IterationLimit`),
+  ``--trainer.max_steps`` Lightning's optimizer steps; the ``--help`` of both says which is which.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks.rich_model_summary import RichModelSummary
+from lightning.pytorch.utilities import rank_zero_info
+
+from ..callbacks import CompactModelSummary, IterationLimit, ProgressLines
+
+MAX_ITERATIONS_HELP = (
+    "Stop a fit after this many training iterations (one iteration = one rollout of the tree for a "
+    "batch of prompts and its policy updates), a resumed run's included; replaces "
+    "--trainer.max_steps, which counts Lightning's optimizer steps (minibatches x inner_epochs per "
+    "iteration). Ignored by validate / test / predict / export."
+)
+MAX_STEPS_HELP = (
+    "Lightning's optimizer steps, NOT training iterations: an iteration (one rollout and its updates) "
+    "makes --model.minibatches x --model.inner_epochs of them (one per --model.edges_per_update kept "
+    "edges, none for a refused update), so it equals iterations only with one step per iteration. "
+    "Use --max_iterations to count iterations. -1: no limit."
+)
+
+#: start-up log lines to drop: (logger name, text the message contains)
+QUIET_LOGS = (
+    ("lightning.pytorch.utilities.rank_zero", "try installing [litlogger]"),
+    ("lightning.fabric.utilities.rank_zero", "try installing [litlogger]"),
+    ("lightning.pytorch.utilities.rank_zero", "Trainer already configured with model summary callbacks"),
+    ("lightning.fabric.utilities.rank_zero", "Trainer already configured with model summary callbacks"),
+    ("transformers.utils.import_utils", "requires torchvision (not installed); falling back to"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def quiet_startup() -> None:
+    """Install the log filters of :data:`QUIET_LOGS` (once per process: called by ``cli.main``)."""
+    for name, fragment in QUIET_LOGS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) and f.fragment == fragment for f in logger.filters):
+            logger.addFilter(_DropMessages(fragment))
+
+
+def output_callbacks(
+    config: dict[str, Any], callbacks: list[Any], configured: list[Any], is_terminal: bool | None = None
+) -> list[Any]:
+    """``callbacks`` plus :class:`ProgressLines` when stdout is not a terminal (Lightning's bar
+    turned off in the trainer ``config``), unless the progress bar is off or one is configured."""
+    terminal = sys.stdout.isatty() if is_terminal is None else is_terminal
+    if config.get("enable_progress_bar") is False or terminal:
+        return callbacks
+    if any(isinstance(c, (ProgressBar, ProgressLines)) for c in configured + callbacks):
+        return callbacks
+    config["enable_progress_bar"] = False
+    return [*callbacks, ProgressLines()]
+
+
+def compact_summary(trainer: Any, configured: list[Any]) -> None:
+    """Replace the ModelSummary that Lightning added by default (not one the config names) with
+    :class:`CompactModelSummary`."""
+    mine = {id(c) for c in configured}
+    trainer.callbacks[:] = [
+        CompactModelSummary() if type(c) in (ModelSummary, RichModelSummary) and id(c) not in mine else c
+        for c in trainer.callbacks
+    ]
+
+
+def iteration_limit(config: dict[str, Any], callbacks: list[Any], max_iterations: int | None) -> list[Any]:
+    """``callbacks`` plus :class:`IterationLimit` for ``--max_iterations``, with the trainer's
+    ``max_steps`` (in ``config``) lifted so that it does not stop the run first."""
+    if max_iterations is None:
+        return callbacks
+    limit = IterationLimit(max_iterations)  # raises for < 1
+    steps = config.get("max_steps")
+    if steps is not None and steps > 0:
+        rank_zero_info(
+            f"--max_iterations {max_iterations} counts training iterations; --trainer.max_steps {steps} "
+            "(optimizer steps) does not apply"
+        )
+    config["max_steps"] = -1
+    if config.get("max_epochs") is None:
+        config["max_epochs"] = -1  # the limit is the iteration count; no "1000 epochs" default or warning
+    return [*callbacks, limit]

@@ -1,0 +1,224 @@
+"""How the command line reports what went wrong: in one line naming the option and the fix, with
+an exit status (:func:`exit_status`), never with a usage block or, for a user error, a traceback.
+
+- :class:`OneLineParser` turns jsonargparse's multi-line parse errors into one line
+  (:func:`explain_parse_error`), with a did-you-mean.
+- :func:`check_yaml_file` reads each ``--config`` file first, so a YAML error names the file.
+- :data:`RUN_FAULTS` end in status 1, :data:`USER_ERRORS` in status 2, :class:`CommandInterrupted`
+  in 128 + SIGTERM.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import signal
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser
+
+from ..common.errors import explain_os_error, first_line
+from ..rewards import NonFiniteRewardError
+from ..training.faults import FaultLimitError
+
+
+class UserError(Exception):
+    """A mistake in the command line or config: reported in one line, without a traceback."""
+
+
+class CommandInterrupted(Exception):
+    """``validate`` / ``test`` / ``predict`` stopped by SIGTERM before they finished."""
+
+
+class OneLineParser(LightningArgumentParser):
+    """Reports a parse error as one :class:`UserError` line (the option, what is wrong, a
+    did-you-mean) instead of jsonargparse's usage block. Parsers that jsonargparse builds with
+    ``exit_on_error=False`` for its own nested checks keep raising ``ArgumentError`` as before."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        raise UserError(explain_parse_error(message, parser))
+
+
+def _options(parser: Any) -> list[str]:
+    """Every ``--key`` the parser (and its subcommands) accepts, without ``.help`` entries."""
+    found: list[str] = []
+    for action in parser._actions:
+        found += [s for s in action.option_strings if s.startswith("--") and not s.endswith(".help")]
+        for sub in (getattr(action, "choices", None) or {}).values():
+            if isinstance(sub, LightningArgumentParser):
+                found += _options(sub)
+    return found
+
+
+def _did_you_mean(word: str, candidates: list[str], *, list_siblings: bool = False) -> str:
+    """``"; did you mean --model.tree.branching?"``: the closest candidate with the same parent
+    (``--model.tree``), compared by its last component; with ``list_siblings``, when none is close,
+    the valid names under that parent."""
+    parent, _, leaf = word.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
+    if not siblings:
+        close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.8)
+        return f"; did you mean {close[0]}?" if close else ""
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {siblings[close[0]]}?"
+    if list_siblings and parent:
+        return f"; {parent} takes {', '.join(sorted(siblings))}"
+    return ""
+
+
+def _init_parameters(class_path: str) -> list[str]:
+    """Keyword parameters a class accepts, following ``**kwargs`` up its bases."""
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    found: list[str] = []
+    for base in cls.__mro__:
+        if "__init__" not in vars(base):
+            continue
+        params = inspect.signature(base.__init__).parameters.values()
+        found += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def _type_name(text: str) -> str:
+    """``<class 'int'>`` -> ``int``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text.strip()).replace("NoneType", "null")
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", text)
+    return f"one of {literal.group(1)}" if literal else text.replace("typing.", "")
+
+
+#: options that moved, old -> new: a config written for an earlier version gets told where they went
+MOVED_OPTIONS = {
+    "--model.tree.max_batch": "--model.rollout.max_batch",
+    "--model.tree.max_leaves": "--model.rollout.max_leaves",
+    "--model.shared_noise": "--model.tree.shared_noise",
+}
+
+
+def _no_such_option(option: str, options: list[str], see: str, what: str = "") -> str:
+    if option in MOVED_OPTIONS:
+        return f"{option}{what}: this option moved to {MOVED_OPTIONS[option]}; rename it there ({see})"
+    return f"{option}{what}: no such option{_did_you_mean(option, options, list_siblings=True)} ({see})"
+
+
+def explain_parse_error(message: str, parser: Any) -> str:
+    """jsonargparse's multi-line parse error -> one line naming the option and the fix."""
+    prog = parser.prog.replace(" [options]", "")
+    see = f"`{prog} --help` lists every option"
+    options = _options(parser)
+    text = message.strip()
+    unknown = re.match(r"unrecognized arguments: (.*)", text)
+    if unknown:
+        given = [a.split("=", 1)[0] for a in unknown.group(1).split() if a.startswith("--")]
+        if given:
+            return _no_such_option(given[0], options, see)
+        return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
+    key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(
+        r"Option '([\w.]+)' is not accepted before", text
+    )
+    if key:
+        return _no_such_option(f"--{key.group(1)}", options, see, " (a command-line option or a config key)")
+    keyed = re.match(r'Parser key "([\w.]+)":\s*(.*)', text, flags=re.S)
+    if not keyed:
+        return f"{' '.join(text.split())} ({see})"
+    option, detail = f"--{keyed.group(1)}", keyed.group(2)
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    class_option = re.search(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", detail)
+    if class_option:
+        class_path, name = class_option.groups()
+        hint = _did_you_mean(name, _init_parameters(class_path))
+        return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
+    nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
+    if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
+        return explain_parse_error(
+            f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser
+        )
+    class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
+    if class_problem:
+        reason = class_problem.group(2).strip().splitlines()[0].strip()
+        return f"{option}: cannot use class_path '{class_problem.group(1)}': {reason}; fix the class path ({see})"
+    expected = re.match(r"Expected a (.+?)\. Got value: (.*)", lines[0]) if lines else None
+    if expected:
+        # a class_path's init_args value: "nan. Got value: Namespace(class_path=...)" after the value
+        wanted, got = _type_name(expected.group(1)), re.sub(r"\. Got value: Namespace\(.*", "", expected.group(2))
+        literal = re.findall(r"'([^']*)'", wanted) if wanted.startswith("one of") else []
+        return f"{option}: expected {wanted}, got {got!r}{_did_you_mean(got, literal)}; fix the value ({see})"
+    subtypes = re.search(r"Subtypes: \[(.*)\]", detail)
+    value = re.search(r"Given value: (.*)", detail)
+    if subtypes and value:
+        wanted = ", ".join(_type_name(t) for t in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)))
+        given = re.sub(r"\. Got value: .*", "", value.group(1)).strip()
+        return f"{option}: {given!r} is none of {wanted}; fix the value ({see})"
+    return f"{option}: {' '.join(lines)} ({see})"
+
+
+def config_files(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """The files given to ``--config`` / ``-c`` in a command line."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            files.append(str(argv[i + 1]))
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+def check_yaml_file(path: str) -> None:
+    """Raise :class:`UserError` naming ``--config path`` when the file is not valid YAML."""
+    if not Path(path).is_file():
+        return  # jsonargparse's own error names the missing file
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8"
+        ) from err
+    except OSError as err:
+        raise UserError(f"--config {path}: cannot read it: {explain_os_error(err)}") from err
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or first_line(err)
+        raise UserError(f"--config {path}: not valid YAML: {problem}{where}; fix the file") from err
+
+
+# numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
+# too many consecutive skips under skip): explained in one line, exit status 1
+RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
+# what the configuration, the files or the environment got wrong: one line, exit status 2. A
+# ValueError is the project's convention for a bad value (named in its message); every OSError is
+# about a file, a folder or the network; ImportError a missing package
+USER_ERRORS = (UserError, ValueError, OSError, ImportError, MisconfigurationException)
+
+
+def exit_status(err: BaseException) -> int | None:
+    """The status ``main`` exits with after printing ``err`` in one line; None: a bug, which keeps
+    its traceback."""
+    if isinstance(err, RUN_FAULTS):
+        return 1
+    if isinstance(err, CommandInterrupted):
+        return 128 + signal.SIGTERM
+    if isinstance(err, USER_ERRORS):
+        return 2
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    """The message ``main`` prints for ``err``."""
+    if isinstance(err, MisconfigurationException):
+        return f"the trainer's settings (--trainer.*): {first_line(err)}"
+    if isinstance(err, OSError):
+        return explain_os_error(err)
+    return first_line(err)

@@ -1,0 +1,10 @@
+"""Small helpers every layer may use.
+
+- :mod:`.errors`: an exception's first line, and ``OSError`` explained with its fix (a full disk, a
+  permission, a missing folder) for the one-line messages.
+- :mod:`.hub`: Hugging Face hub look-ups that fail in seconds without a network (the local cache
+  first, then one bounded connection probe).
+
+May import: the standard library (``huggingface_hub`` inside functions); nothing of the package.
+Imports nothing on its own.
+"""

@@ -1,0 +1,306 @@
+"""Trained weights out of a run, in the model family's own format, with a small card.
+
+``python -m lit_treegrpo export --config FILE --ckpt_path last|PATH --out DIR [--merged true] [--ema true]``
+(or the :class:`~lit_treegrpo.callbacks.ExportOnTrainEnd` callback at the end of a fit) writes::
+
+    DIR/pytorch_lora_weights.safetensors   the LoRA: pipe.load_lora_weights(DIR) reads it (Shapes:
+                                           SD3Transformer2DModel.load_lora_adapter(DIR, prefix=None,
+                                           weight_name="pytorch_lora_weights.safetensors"))
+    DIR/transformer/ or DIR/unet/          --merged (or a run without LoRA): the full denoiser,
+                                           LoRA merged in (from_pretrained(DIR, subfolder=...));
+                                           for the Shapes model a whole model folder that
+                                           ShapesAdapter(pretrained=DIR) loads
+    DIR/ema/                               --ema: the same, of the EMA weights
+    export.json and README.md in DIR       the card: base model, method, iterations, rewards
+
+A checkpoint holds the trainable weights only (:meth:`TreeGRPOModule.on_save_checkpoint`); the base
+weights come from the configuration, which must be the run's (the fingerprint is checked as for a
+resume). The folder is written beside ``DIR`` and moved into place, so an export that fails leaves
+no half-written ``DIR``; an earlier export in ``DIR`` is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+CARD_FILE = "export.json"
+
+
+class ExportError(ValueError):
+    """The export cannot be made as asked (one line: the option and the fix)."""
+
+
+# ------------------------------------------------------------------------ the folder
+def check_out(out: str | Path | None) -> Path:
+    """``--out`` as a path that an export may write: new, empty, or an earlier export (replaced)."""
+    if out is None or not str(out).strip():
+        raise ExportError("--out: give the folder to write the export to, e.g. --out exports/my_run")
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"--out {path}: is a file; give a folder (it is created if missing)")
+    if path.is_dir() and any(path.iterdir()) and not (path / CARD_FILE).is_file():
+        raise ExportError(
+            f"--out {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder"
+        )
+    ancestor = path.parent if path.parent != Path("") else Path(".")
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ExportError(f"--out {path}: cannot create it, {ancestor} is a file; give another folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {path}: cannot create it, {ancestor} is not writable; give a folder you can write")
+    return path
+
+
+# ------------------------------------------------------------------------ the checkpoint
+def ema_state(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The EMA callback's state in a Lightning checkpoint (``None``: the run had no EMA, or it had
+    not updated yet)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if str(key).startswith("EMA") and isinstance(state, Mapping) and "shadows" in state:
+            return dict(state) if int(state.get("num_updates", 0)) > 0 else None
+    return None
+
+
+def restore(module: Any, checkpoint: Mapping[str, Any]) -> None:
+    """Load a TreeGRPOModule checkpoint's trainable weights and iteration into ``module`` (the
+    checks of a resume: the same adapter, tree and trainable tensors)."""
+    module.on_load_checkpoint(checkpoint)  # fingerprint check; sets the iteration
+    state = checkpoint["state_dict"]
+    module.load_state_dict(state, strict=False)
+
+
+@contextlib.contextmanager
+def swapped_in(params: list[torch.nn.Parameter], values: list[Tensor]) -> Iterator[None]:
+    """The block runs with ``values`` in ``params``; the originals come back afterwards."""
+    if len(values) != len(params) or any(v.shape != p.shape for v, p in zip(values, params)):
+        raise ExportError(
+            "the EMA weights do not match the model's trainable parameters; export with the run's --config"
+        )
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+
+
+# ------------------------------------------------------------------------ writing
+def _is_shapes(adapter: Any) -> bool:
+    from ..models.shapes import ShapesAdapter
+
+    return isinstance(adapter, ShapesAdapter)
+
+
+def _merged_denoiser(adapter: Any) -> torch.nn.Module:
+    """A copy of the denoiser with its LoRA merged in (the denoiser itself without LoRA)."""
+    if adapter.lora is None:
+        return adapter.denoiser
+    denoiser = copy.deepcopy(adapter.denoiser)
+    denoiser.fuse_lora()
+    denoiser.unload_lora()
+    return denoiser
+
+
+def write_weights(adapter: Any, folder: Path, *, merged: bool) -> list[str]:
+    """The adapter's current trainable weights into ``folder`` (see the module docstring); returns
+    the files and folders written, relative to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not merged and adapter.lora is not None:
+        adapter.save_lora(folder)
+        return sorted(p.name for p in folder.iterdir())
+    if _is_shapes(adapter):
+        adapter.save_pretrained(folder)
+        return sorted(p.name for p in folder.iterdir())
+    sub = getattr(adapter, "lora_layers_arg", "transformer")  # "transformer" / "unet": diffusers' names
+    _merged_denoiser(adapter).save_pretrained(str(folder / sub))
+    return [sub]
+
+
+def base_model(adapter: Any, adapter_config: Mapping[str, Any] | None = None) -> str:
+    """What the weights apply to: the adapter's ``pretrained`` setting, its source folder, the
+    pipeline's hub id, or the adapter class with its options (a tiny model built from a seed)."""
+    args = dict((adapter_config or {}).get("init_args") or {})
+    pretrained = args.get("pretrained") or getattr(adapter, "source", None)
+    if pretrained is None and getattr(adapter, "pipeline", None) is not None:
+        pretrained = getattr(adapter.pipeline, "name_or_path", None) or adapter.pipeline.config.get("_name_or_path")
+    if pretrained:
+        return str(pretrained)
+    # a model built from a seed (the tiny test models): the class and its seed say which
+    seed = f"seed={args['seed']}" if "seed" in args else ""
+    return f"{type(adapter).__name__}({seed})"
+
+
+def method(module: Any) -> dict[str, Any]:
+    """The run's algorithm, as the module holds it: tree, advantage estimator, pruning, loss."""
+    loss = module.loss_fn
+    return {
+        "tree": {k: v for k, v in asdict(module.tree).items() if v is not None},
+        "advantage": asdict(module.advantage),
+        "pruning": asdict(module.pruning),
+        "loss": {k: getattr(loss, k) for k in ("clip_range", "adv_clip", "kl_beta") if hasattr(loss, k)},
+        "reward": type(module.reward).__name__,
+    }
+
+
+def how_to_load(adapter: Any, lora: bool, base: str) -> str:
+    """A Python snippet that loads the export."""
+    if _is_shapes(adapter):
+        if lora:
+            from ..models.shapes import BUILTIN
+
+            folder = "str(builtin_folder())" if base == BUILTIN else repr(base)
+            return (
+                "from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
+                + ("from lit_treegrpo.models.shapes import builtin_folder\n" if base == BUILTIN else "")
+                + f"transformer = SD3Transformer2DModel.from_pretrained({folder}, subfolder='transformer')\n"
+                "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')"
+            )
+        return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
+    pipeline = type(getattr(adapter, "pipeline", None)).__name__
+    # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline
+    if base.endswith(")"):
+        cls = type(adapter)
+        load_base = f"from {cls.__module__} import {cls.__name__}\npipe = {base}.pipeline"
+    else:
+        load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
+    if lora:
+        return f"{load_base}\npipe.load_lora_weights(DIR)"
+    sub = getattr(adapter, "lora_layers_arg", "transformer")
+    model = type(adapter.denoiser).__name__
+    return f"{load_base}\nfrom diffusers import {model}\npipe.{sub} = {model}.from_pretrained(DIR, subfolder={sub!r})"
+
+
+def _card_text(card: Mapping[str, Any]) -> str:
+    def reward(value: Any) -> str:
+        return "not logged" if value is None else f"{value:.4f}"
+
+    lines = [
+        "# lit_treegrpo export",
+        "",
+        f"- base model: `{card['base_model']}` ({card['adapter']})",
+        f"- method: tree `{card['method']['tree']}`, advantage `{card['method']['advantage']['method']}`, "
+        f"reward `{card['method']['reward']}`",
+        f"- trained: {card['iterations']} training iterations ({card['optimizer_steps']} optimizer steps)",
+        f"- reward (training, last logged): {reward(card['reward'])}",
+        f"- held-out reward (last validation): {reward(card['held_out_reward'])}",
+        f"- weights: {card['weights']}: {', '.join(card['files'])}",
+    ]
+    if card.get("ema"):
+        lines.append(f"- EMA weights in `ema/` ({card['ema']['num_updates']} updates, decay {card['ema']['decay']})")
+    lines += ["", "Load (DIR = this folder):", "", "```python", card["load"], "```", ""]
+    return "\n".join(lines)
+
+
+def export(
+    module: Any,
+    out: str | Path,
+    *,
+    merged: bool = False,
+    ema: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, float | None] | None = None,
+    optimizer_steps: int = 0,
+    adapter_config: Mapping[str, Any] | None = None,
+    checkpoint: str | None = None,
+) -> Path:
+    """Write ``module``'s trained weights (and ``ema``'s, an EMA state with ``shadows``) to
+    ``out`` with the card; returns ``out``. ``metrics`` holds ``reward`` and ``held_out_reward``."""
+    out = check_out(out)
+    staging = out.parent / f".{out.name}.export-tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        return _write(
+            module,
+            out,
+            staging,
+            merged=merged,
+            ema=ema,
+            metrics=metrics,
+            optimizer_steps=optimizer_steps,
+            adapter_config=adapter_config,
+            checkpoint=checkpoint,
+        )
+    except OSError as err:
+        from ..common.errors import explain_os_error
+
+        raise ExportError(f"--out {out}: cannot write the export: {explain_os_error(err)}") from err
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write(
+    module: Any,
+    out: Path,
+    staging: Path,
+    *,
+    merged: bool,
+    ema: Mapping[str, Any] | None,
+    metrics: Mapping[str, float | None] | None,
+    optimizer_steps: int,
+    adapter_config: Mapping[str, Any] | None,
+    checkpoint: str | None,
+) -> Path:
+    adapter = module.adapter
+    lora = adapter.lora is not None and not merged
+    files = write_weights(adapter, staging, merged=merged)
+    if ema is not None:
+        shadows = [s.detach().to("cpu") for s in ema["shadows"]]
+        with swapped_in(adapter.trainable_parameters(), shadows):
+            write_weights(adapter, staging / "ema", merged=merged)
+        files.append("ema")
+    base = base_model(adapter, adapter_config)
+    card = {
+        "base_model": base,
+        "adapter": type(adapter).__name__,
+        "method": method(module),
+        "iterations": int(module.iteration),
+        "optimizer_steps": int(optimizer_steps),
+        "reward": (metrics or {}).get("reward"),
+        "held_out_reward": (metrics or {}).get("held_out_reward"),
+        "weights": "LoRA" if lora else "full denoiser (LoRA merged)" if adapter.lora is not None else "full denoiser",
+        "files": files,
+        "ema": {"num_updates": int(ema["num_updates"]), **ema.get("options", {})} if ema is not None else None,
+        "checkpoint": checkpoint,
+        "load": how_to_load(adapter, lora, base),
+    }
+    (staging / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n")
+    (staging / "README.md").write_text(_card_text(card))
+    if out.exists():
+        shutil.rmtree(out)  # empty, or an earlier export (check_out)
+    staging.rename(out)
+    return out
+
+
+def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]:
+    """The last training reward (``reward``) and held-out reward (``val/reward``) logged at or
+    before ``iteration`` in a run's TensorBoard folder (``None`` where there is none)."""
+    found: dict[str, float | None] = {"reward": None, "held_out_reward": None}
+    if not tensorboard.is_dir() or not any(tensorboard.glob("events.out.tfevents.*")):
+        return found
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tensorboard), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags().get("scalars", [])
+    for tag, key in (("reward", "reward"), ("val/reward", "held_out_reward")):
+        if tag in tags:
+            values = [e for e in events.Scalars(tag) if e.step <= iteration]
+            found[key] = float(values[-1].value) if values else None
+    return found

@@ -1,0 +1,67 @@
+"""Validation, test and predict: deterministic (ODE) samples of fixed prompts, scored or written.
+
+:class:`Evaluation` is a part of :class:`~lit_treegrpo.training.module.TreeGRPOModule` (mixed into
+it, so its methods are the module's Lightning hooks). A prompt's noise depends on the seed and the
+prompt's text only, so an image does not change with the batch it is in or the number of
+processes; ``val_samples`` seeds per prompt, from ``val_seed``. It reads the module's ``adapter``,
+``rollout_limits``, ``val_seed``, ``val_samples``, ``iteration`` and its reward (``_score``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.rollout import rollout
+from ..core.seeding import generator
+from ..core.spec import TreeSpec
+from ..data.prompt_stream import PromptBatch
+from .predictions import save_predictions
+from .step_log import X_AXIS
+
+
+class Evaluation:
+    """The module's sampling for validation / test / predict; a base class of ``TreeGRPOModule``."""
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], seed: int) -> Tensor:
+        """Deterministic (ODE) samples [P, 3, H, W] in [0, 1], one per prompt. Each prompt's noise
+        depends on ``seed`` and the prompt's text only, so an image does not change with the batch
+        it is in or the number of processes."""
+        device = self.adapter.device
+        gens = [generator(seed, zlib.crc32(p.encode()), device=device) for p in prompts]
+        cond = self.adapter.encode_prompts(prompts)
+        noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
+        tree = rollout(
+            self.adapter.predict,
+            self.adapter.step,
+            TreeSpec(self.adapter.num_steps),
+            cond,
+            noise,
+            max_batch=self.rollout_limits.max_batch,
+        )
+        return self.adapter.decode(tree.leaf_latents)
+
+    def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:
+        seeds = range(self.val_seed, self.val_seed + self.val_samples)
+        images = torch.cat([self.sample(batch.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
+        prompts = list(batch.prompts) * self.val_samples
+        rewards, components = self._score(images, prompts)
+        self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
+        return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, "test")
+
+    def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:
+        """Write one PNG per prompt under ``<default_root_dir>/predictions``; returns the paths."""
+        folder = Path(self.trainer.default_root_dir) / "predictions"
+        return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)

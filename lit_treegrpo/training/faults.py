@@ -1,0 +1,232 @@
+"""The fault policy: its options (:class:`FaultPolicy`), its state and decisions (:class:`FaultLedger`).
+
+A training step meets four kinds of fault: NaN / inf rewards, a reward call that raises, a
+non-finite loss, a non-finite gradient. Under ``nonfinite="error"`` each stops the run with a message naming it. Under ``"skip"``:
+
+- a prompt with a non-finite leaf reward is left out of the step (:meth:`FaultLedger.screen`),
+  the other prompts train as usual;
+- a reward call that raises skips the whole step (:meth:`FaultLedger.score`);
+- a non-finite loss or gradient skips that optimizer step, gradients zeroed
+  (:meth:`FaultLedger.refuse_update`);
+- ``max_consecutive_skips`` training steps in a row without an update because of a fault stop the
+  run, naming the last cause (:meth:`FaultLedger.end_step`).
+
+Decisions that change the number of backward passes or optimizer steps are taken on counts summed
+over the data-parallel ranks, so every rank decides alike and no collective waits for a rank that
+skipped. The counters (:data:`FAULT_COUNTERS`) are logged as ``faults/*`` and kept in checkpoints
+(:meth:`FaultLedger.state_dict`). :func:`grads_finite` detects a non-finite gradient.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..common.errors import first_line
+
+
+@dataclass(frozen=True)
+class FaultPolicy:
+    """What a training step does with NaN / inf rewards, a failing reward call, or a non-finite
+    loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
+
+    nonfinite: Literal["error", "skip"] = "error"
+    """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
+    and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
+    (the other prompts train as usual), skip the whole step when the reward call raises, skip the
+    optimizer step (gradients zeroed) when the loss or a gradient is not finite."""
+    max_consecutive_skips: int = 3
+    """With ``skip``: stop once this many training steps in a row made no update because of a
+    fault, naming the last cause."""
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in ("error", "skip"):
+            raise ValueError(f"faults.nonfinite must be 'error' or 'skip', got {self.nonfinite!r}")
+        if self.max_consecutive_skips < 1:
+            raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
+
+
+#: the ledger's counters, in the order they are logged and saved
+FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
+_SHOW = 8  # prompts a message names
+
+ScoreFn = Callable[[Tensor, list[str]], tuple[Tensor, dict[str, Tensor]]]
+SumOverRanks = Callable[[list[int | bool]], list[int]]
+
+
+class FaultWarning(RuntimeWarning):
+    """A fault that the ``skip`` policy skipped (the message says what and where)."""
+
+
+class FaultLimitError(RuntimeError):
+    """Too many consecutive training steps were skipped because of faults."""
+
+
+class Scored(NamedTuple):
+    """The leaves' rewards as the reward call gave them."""
+
+    rewards: Tensor  # [L] float32; may hold NaN / inf under skip (all NaN when the call raised)
+    components: dict[str, Tensor]  # name -> [L] float32, a MultiReward's parts (else empty)
+    failure: str | None  # why the reward call raised (skip), else None
+
+
+class Screened(NamedTuple):
+    """The rewards a step trains on, and the prompts it leaves out."""
+
+    rewards: Tensor  # [L] the dropped prompts' leaves replaced by 0 (finite stand-ins)
+    dropped: Tensor  # [P] bool: prompts left out of this step
+
+    def kept_leaves(self, leaf_prompt: Tensor) -> Tensor:
+        """[L] bool: the leaves of the prompts that train."""
+        return ~self.dropped[leaf_prompt]
+
+
+class StepPlan(NamedTuple):
+    """Whether a step trains, decided alike on every rank from the faults of all ranks."""
+
+    train: bool  # run the policy-gradient update
+    kept: bool  # pruning kept an edge on some rank
+    faulty: bool  # a fault touched this step on some rank
+    cause: str | None  # this rank's fault, if any (for the messages)
+
+
+def constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Tensor:
+    """[P] bool: prompts whose leaves all got the same reward (their advantages are exactly 0)."""
+    hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
+    lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
+    return hi == lo
+
+
+def grads_finite(parameters: Iterable[nn.Parameter]) -> bool:
+    """Whether every local gradient of ``parameters`` is finite (one device sync for all of them;
+    FSDP2 gradients are DTensors, of which each rank checks its own shard)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in parameters if p.grad is not None]
+    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+class FaultLedger:
+    """The fault counters of a run and the policy's decisions, one method per point of a step:
+    :meth:`score` -> :meth:`screen` -> :meth:`tally` -> (:meth:`refuse_update`) -> :meth:`end_step`.
+
+    Args:
+        policy: what to do with a fault (``error`` / ``skip``) and when to stop skipping.
+    """
+
+    def __init__(self, policy: FaultPolicy) -> None:
+        self.policy = policy
+        self.counts: dict[str, int] = dict.fromkeys(FAULT_COUNTERS, 0)
+
+    @property
+    def skip(self) -> bool:
+        return self.policy.nonfinite == "skip"
+
+    # ------------------------------------------------------------------------ rewards
+    def score(self, score: ScoreFn, images: Tensor, prompts: list[str], iteration: int) -> Scored:
+        """``score(images, prompts)``; under ``skip`` a call that raises gives NaN rewards and the
+        exception's one-line message as :attr:`Scored.failure`, with a :class:`FaultWarning`."""
+        if not self.skip:
+            return Scored(*score(images, prompts), None)
+        try:
+            return Scored(*score(images, prompts), None)
+        except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
+            cause = f"the reward raised {type(err).__name__}: {first_line(err)}"
+            warnings.warn(
+                f"iteration {iteration}: {cause}; skipping this training step (faults.nonfinite=skip)",
+                FaultWarning,
+                stacklevel=2,
+            )
+            return Scored(torch.full((len(prompts),), float("nan"), device=images.device), {}, cause)
+
+    def screen(self, rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Screened:
+        """Under ``skip``, drop the prompts with a NaN / inf leaf reward: normalisation is per
+        prompt, so finite stand-ins (0) for their rewards leave every other prompt's advantages as
+        they are. Under ``error`` nothing is dropped (the advantages refuse NaN, naming the leaves)."""
+        dropped = torch.zeros(num_prompts, dtype=torch.bool, device=rewards.device)  # [P]
+        if not self.skip:
+            return Screened(rewards, dropped)
+        dropped[leaf_prompt[~torch.isfinite(rewards)]] = True
+        return Screened(torch.where(dropped[leaf_prompt], torch.zeros_like(rewards), rewards), dropped)  # [L]
+
+    def tally(
+        self,
+        scored: Scored,
+        screened: Screened,
+        keep: Tensor,
+        prompts: Sequence[str],
+        leaf_prompt: Tensor,
+        *,
+        iteration: int,
+        sum_over_ranks: SumOverRanks,
+    ) -> StepPlan:
+        """Count the step's dropped prompts and constant-reward prompts over all ranks (one
+        collective, ``sum_over_ranks``) and decide whether the update runs: not when the reward
+        call failed on some rank, nor when dropped prompts left no edge to train on any rank.
+        ``keep`` [E] is this rank's kept edges; ``prompts`` [P] its prompts."""
+        zero_std = constant_groups(screened.rewards, leaf_prompt, len(prompts)) & ~screened.dropped  # [P]
+        dropped = 0 if scored.failure is not None else int(screened.dropped.sum())
+        names: list[str] = []
+        if dropped:
+            names = sorted({prompts[i] for i in screened.dropped.nonzero().flatten().tolist()})
+            warnings.warn(
+                f"iteration {iteration}: non-finite rewards for {dropped} of {len(prompts)} prompts "
+                f"{names[:_SHOW]}; these prompts are left out of this step (faults.nonfinite=skip)",
+                FaultWarning,
+                stacklevel=2,
+            )
+        failed, kept, dropped_all, zero_std_all = sum_over_ranks(
+            [scored.failure is not None, bool(keep.any()), dropped, int(zero_std.sum())]
+        )
+        self.counts["skipped_groups"] += dropped_all
+        self.counts["zero_std_groups"] += zero_std_all
+        cause = scored.failure or (f"non-finite rewards for prompts {names[:_SHOW]}" if dropped else None)
+        train = not (failed or (not kept and dropped_all))
+        return StepPlan(train=train, kept=bool(kept), faulty=bool(failed or dropped_all), cause=cause)
+
+    # ------------------------------------------------------------------------ updates
+    def refuse_update(self, problem: str | None, iteration: int) -> str:
+        """An optimizer step refused because a loss or gradient is not finite (``problem``: this
+        rank's, None when only another rank's was): raise ``FloatingPointError`` under ``error``;
+        under ``skip`` count it, warn, and return the cause."""
+        problem = problem or f"a non-finite loss or gradient on another rank at iteration {iteration}"
+        if not self.skip:
+            raise FloatingPointError(
+                f"{problem}; no optimizer step was taken (set --model.faults.nonfinite skip to skip such steps)"
+            )
+        self.counts["skipped_updates"] += 1
+        warnings.warn(f"{problem}; optimizer step skipped (faults.nonfinite=skip)", FaultWarning, stacklevel=2)
+        return problem
+
+    def end_step(self, plan: StepPlan, updates: int, update_fault: str | None, iteration: int) -> None:
+        """Count a step that made no update (``updates`` optimizer steps taken) because of a fault
+        (the plan's, or ``update_fault``: the last refused optimizer step's); raise
+        :class:`FaultLimitError` when ``max_consecutive_skips`` of them come in a row. The inputs
+        are the same on every rank, so all ranks count alike and stop together."""
+        if updates > 0:
+            self.counts["consecutive"] = 0
+            return
+        if not (plan.faulty or update_fault is not None):  # nothing trained without a fault (pruning)
+            return
+        self.counts["skipped_steps"] += 1
+        self.counts["consecutive"] += 1
+        if self.counts["consecutive"] >= self.policy.max_consecutive_skips:
+            cause = update_fault or plan.cause or "a fault on another data-parallel rank"
+            raise FaultLimitError(
+                f"{self.counts['consecutive']} training steps in a row were skipped "
+                f"(faults.max_consecutive_skips={self.policy.max_consecutive_skips}), up to iteration "
+                f"{iteration}; last cause: {cause}; fix the reward or lower the learning rate, "
+                "or resume from the last checkpoint with --ckpt_path last"
+            )
+
+    # ------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, int]:
+        """The counters, as a checkpoint holds them (``checkpoint["lit_treegrpo"]["faults"]``)."""
+        return dict(self.counts)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore the counters; a checkpoint from before the counters existed starts them at 0."""
+        self.counts = {**dict.fromkeys(FAULT_COUNTERS, 0), **state}

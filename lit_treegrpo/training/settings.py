@@ -1,0 +1,94 @@
+"""The module's own settings: :class:`AdvantageSettings` (an option dataclass validated in
+``__post_init__``, its messages naming the option) and :func:`check_settings`, the checks of the
+module's options that need no model. The CLI runs them before any weights load;
+:class:`~lit_treegrpo.training.module.TreeGRPOModule` runs them again when it is built. The fault
+policy's and the memory guard's options live with their owners
+(:class:`~lit_treegrpo.training.faults.FaultPolicy`,
+:class:`~lit_treegrpo.training.memory_guard.MemoryGuard`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.advantages import METHODS, AdvantageMethod, StdScope
+from ..core.spec import RolloutLimits, TreeSpec
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """How leaf rewards become per-edge advantages (``lit_treegrpo.core.advantages``)."""
+
+    method: AdvantageMethod = "mean"
+    """``mean`` (TreeGRPO code), ``logprob_softmax`` (TreeGRPO paper), ``branch_fusion``
+    (BranchGRPO) or ``parent_relative``."""
+    beta: float = 1.0
+    """Path-probability temperature of ``branch_fusion`` (0: uniform mean of leaf rewards)."""
+    clip: float | None = None
+    """Clamp advantages to ``[-clip, clip]`` before pruning (the loss clamps again at adv_clip)."""
+    std_scope: StdScope = "group"
+    """Std of the leaf normalisation: ``group`` (per prompt: TreeGRPO, DanceGRPO) or ``global``
+    (over all leaves of this process's batch, the mean still per prompt: Flow-GRPO's
+    ``global_std``). Not for ``branch_fusion``."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.std_scope not in ("group", "global"):
+            raise ValueError(f"advantage.std_scope must be 'group' or 'global', got {self.std_scope!r}")
+        if self.std_scope == "global" and self.method == "branch_fusion":
+            raise ValueError(
+                "advantage.std_scope global does not apply to branch_fusion, which normalises per "
+                "depth; use std_scope group"
+            )
+        if self.clip is not None and self.clip <= 0:
+            raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
+
+
+def check_settings(
+    tree: TreeSpec,
+    *,
+    minibatches: int,
+    accumulate: int,
+    inner_epochs: int,
+    grad_clip: float | None,
+    val_samples: int = 1,
+    edges_per_update: int | None = None,
+    adapter_num_steps: int | None = None,
+    limits: RolloutLimits | None = None,
+    prefix: str = "",
+) -> None:
+    """The module's checks that need no model (the CLI runs them before any weights load);
+    ``prefix`` (``"--model."``) turns the names in the messages into command-line options."""
+    if adapter_num_steps is not None and tree.num_steps != adapter_num_steps:
+        raise ValueError(
+            f"{prefix}tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
+            f"{adapter_num_steps}; set both to the same value"
+        )
+    if tree.num_edges() == 0:
+        raise ValueError(f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps")
+    if tree.num_leaves == 1:
+        # rewards are normalised among the leaves of a prompt: a single leaf is always 0
+        raise ValueError(
+            f"{prefix}tree has one leaf per prompt (num_trees 1, branching 1), so every advantage "
+            "would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"
+        )
+    if limits is not None:
+        limits.check(tree)  # its message names --model.rollout.max_leaves
+    for name, value in (
+        ("minibatches", minibatches),
+        ("accumulate", accumulate),
+        ("inner_epochs", inner_epochs),
+        ("val_samples", val_samples),
+    ):
+        if value < 1:
+            raise ValueError(f"{prefix}{name} must be >= 1, got {value}")
+    if grad_clip is not None and grad_clip <= 0:
+        raise ValueError(f"{prefix}grad_clip must be > 0 or null, got {grad_clip}")
+    if edges_per_update is not None:
+        if edges_per_update < 1:
+            raise ValueError(f"{prefix}edges_per_update must be >= 1 or null, got {edges_per_update}")
+        if minibatches != 1:
+            raise ValueError(
+                f"{prefix}edges_per_update={edges_per_update} sets the number of optimizer steps from "
+                f"the kept edges, so minibatches={minibatches} would be ignored; keep minibatches 1"
+            )

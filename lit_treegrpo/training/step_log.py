@@ -1,0 +1,143 @@
+"""What one training step records: phase timings (:class:`PhaseTimer`), what the policy-gradient
+update did (:class:`Update`), the metrics the module logs (:func:`step_metrics`) and the outputs the
+callbacks receive (:func:`step_outputs`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..core.compute import Compute, ComputeCost
+from ..core.loss import LossOutput
+from ..core.rollout import RolloutTree
+from .faults import Scored, Screened
+
+
+class PhaseTimer:
+    """Wall-clock laps that wait for queued GPU work, so each phase is charged its own time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.last = self._now()
+        self.laps: dict[str, float] = {}
+        """phase -> seconds, in the order the phases ran"""
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or the start) to ``phase``."""
+        now = self._now()
+        self.laps[phase], self.last = now - self.last, now
+
+
+class Update(NamedTuple):
+    """What the policy-gradient updates of one training step did."""
+
+    stats: LossOutput | None  # the loss statistics averaged over the micro-batches; None: no update ran
+    compute: Compute  # forwards of the log-prob recomputation (trained) and of the KL reference
+    steps: int  # optimizer steps taken
+    fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
+
+
+NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing
+
+#: Lightning's logger connector pops a metric of this name and logs the others at its value: every
+#: scalar, image and text of a run is placed at the training iteration (what papers plot), never at
+#: Lightning's optimizer-step count (several per iteration with ``minibatches`` > 1)
+X_AXIS = "step"
+
+
+class StepMetrics(NamedTuple):
+    """A training step's metrics, as the module logs them."""
+
+    shown: dict[str, Any]  # also on the progress bar: ``reward`` and ``loss``
+    logged: dict[str, Any]  # the others
+
+
+def step_metrics(
+    rewards: Tensor,
+    tree: RolloutTree,
+    keep: Tensor,
+    advantages: Tensor,
+    update: Update,
+    fault_counts: Mapping[str, int],
+    laps: Mapping[str, float],
+    iteration: int,
+    compute: Compute,
+    compute_total: Compute,
+    cost: ComputeCost,
+) -> StepMetrics:
+    """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
+    statistics, NFE, phase times (``time/<phase>_s``), the iteration (``iteration``: completed
+    ones, this step included), the fault counters (``faults/*``) and, when an update ran, its loss
+    statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
+    step's counted work and ``compute_total`` the run's so far, this step included: each kind as
+    ``compute/<kind>`` and their total in units under ``cost`` as ``compute/units`` (this step) and
+    ``compute/units_total`` (the run: the x-axis to compare methods on).
+
+    ``step`` is not a scalar but the x-axis Lightning logs every metric of the step at
+    (:data:`X_AXIS`): this step's index, ``iteration - 1``, the number of updates the weights that
+    drew its samples had seen, as sample grids and validations are placed."""
+    shown: dict[str, Any] = {}
+    finite = rewards[torch.isfinite(rewards)]  # [<= L]
+    if finite.numel():
+        shown["reward"] = finite.mean()
+    logged: dict[str, Any] = {
+        "train/edges_kept": keep.float().sum(),
+        "train/edges": float(tree.num_edges),
+        "adv/mean": advantages.mean() if advantages.numel() else 0.0,
+        "adv/std": advantages.std(unbiased=False) if advantages.numel() else 0.0,
+        "adv/abs_max": advantages.abs().max() if advantages.numel() else 0.0,
+        "nfe/rollout": float(tree.nfe),
+        **{f"compute/{kind}": float(value) for kind, value in compute.as_dict().items()},
+        "compute/units": compute.units(cost),
+        "compute/units_total": compute_total.units(cost),
+        **{f"time/{phase}_s": seconds for phase, seconds in laps.items()},
+        "iteration": float(iteration),
+        X_AXIS: float(iteration - 1),
+    }
+    logged.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
+    if update.stats is not None:
+        stats = update.stats
+        shown["loss"] = stats.loss
+        logged.update(
+            {
+                "train/clip_frac": stats.clip_frac,
+                "train/approx_kl": stats.approx_kl,
+                "train/ratio_mean": stats.ratio_mean,
+                "train/kl": stats.kl,
+                "train/policy_loss": stats.policy_loss,
+                "train/forwards": float(update.compute.trained + update.compute.reference),
+                "nfe/train": float(update.compute.trained + update.compute.reference),
+            }
+        )
+    return StepMetrics(shown, logged)
+
+
+def step_outputs(
+    scored: Scored, screened: Screened, leaf_prompt: Tensor, leaf_prompts: list[str], images: Tensor
+) -> dict[str, Any]:
+    """What the callbacks receive from a training step: rewards [L'], their components, the leaf
+    prompts and images [L', 3, H, W] of the prompts that trained (all ``L`` leaves, without a copy
+    of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's prompt index."""
+    if not screened.dropped.any():
+        return {
+            "rewards": scored.rewards.detach(),
+            "reward_components": scored.components,
+            "leaf_prompts": leaf_prompts,
+            "images": images,
+        }
+    kept = screened.kept_leaves(leaf_prompt)  # [L]
+    return {
+        "rewards": scored.rewards.detach()[kept],
+        "reward_components": {k: v[kept] for k, v in scored.components.items()},
+        "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
+        "images": images[kept],
+    }

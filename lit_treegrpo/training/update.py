@@ -1,0 +1,164 @@
+"""The policy update of a training step: clipped policy-gradient steps over the kept edges.
+
+:class:`PolicyUpdate` is a part of :class:`~lit_treegrpo.training.module.TreeGRPOModule` (mixed
+into it, so its methods are the module's): ``inner_epochs`` passes over the kept edges, each
+shuffled into micro-batches of whole parents (one forward per parent serves all its children), one
+optimizer step per ``accumulate`` of them, through Lightning's manual optimization. A micro-batch
+too large for memory runs as several forwards with gradients accumulated
+(:class:`~lit_treegrpo.training.memory_guard.TrainingGuard`); a step whose loss or gradient is not
+finite is refused through the fault ledger (:class:`~lit_treegrpo.training.faults.FaultLedger`),
+alike on every data-parallel rank.
+
+It reads the module's options (``minibatches``, ``edges_per_update``, ``accumulate``,
+``inner_epochs``, ``grad_clip``, ``loss_fn``, ``seed``) and state (``adapter``, ``iteration``,
+``training_guard``, ``fault_ledger``), and its rank helpers (``_sum_over_ranks``, ``_any_rank``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.compute import Compute
+from ..core.loss import LossOutput, edge_loss
+from ..core.rollout import RolloutTree, num_parents, source_minibatches, split_by_parent
+from ..core.seeding import generator
+from ..models.base import Cond
+from .faults import grads_finite
+from .step_log import Update
+
+
+class PolicyUpdate:
+    """The training step's update (see the module docstring); a base class of ``TreeGRPOModule``."""
+
+    def _update(self, tree: RolloutTree, cond: Cond, advantages: Tensor, keep: Tensor, first_position: int) -> Update:
+        """Clipped policy-gradient updates over the kept edges: ``inner_epochs`` passes, each
+        shuffled into micro-batches of whole parents, one optimizer step per ``accumulate`` of
+        them (a micro-batch too large for memory runs as several forwards: :attr:`training_guard`);
+        a step whose loss or gradient is not finite is refused through the fault ledger."""
+        optimizer = self.optimizers()
+        shuffle = generator(self.seed, self.iteration, first_position + 1)
+        totals: list[Any] = [0.0] * len(LossOutput._fields)
+        micro = steps = 0
+        forwards = Compute()
+        fault = None
+        bad_loss: str | None = None  # the first non-finite loss of this accumulation window
+        num_updates = self._updates_per_epoch(keep)
+        for _ in range(self.inner_epochs):
+            batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
+            chunks = self._forwards_per_micro_batch(tree, batches)
+            for i, edges in enumerate(batches):
+                last = (i + 1) % self.accumulate == 0
+                if chunks[i] > 1:
+                    loss, stats, n = self._split_backward(optimizer, tree, cond, advantages, edges, chunks[i], last)
+                else:
+                    with optimizer.toggle_model(sync_grad=last):
+                        loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
+                        self.manual_backward(loss / self.accumulate)
+                # backpropagated even when it is not finite: every rank must run the same
+                # backward passes; the optimizer step below is what the check refuses
+                if bad_loss is None and not bool(torch.isfinite(loss)):
+                    bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
+                forwards, micro = forwards + n, micro + 1
+                totals = [total + value for total, value in zip(totals, stats)]
+                if not last:
+                    continue
+                if self.grad_clip is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+                problem = bad_loss
+                if problem is None and not grads_finite(self.adapter.trainable_parameters()):
+                    problem = f"non-finite gradient at iteration {self.iteration}"
+                bad_loss = None
+                if self._any_rank(problem is not None):
+                    optimizer.zero_grad(set_to_none=True)
+                    fault = self.fault_ledger.refuse_update(problem, self.iteration)
+                    continue
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps += 1
+        scheduler = self.lr_schedulers()
+        if scheduler is not None and steps:
+            scheduler.step()
+        return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
+
+    def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
+        """How many forwards each micro-batch runs as (the training guard's split: one each while
+        they fit), the most any data-parallel rank needs, so that every rank runs the same forwards
+        and backward passes (a sharded model gathers its weights in each)."""
+        if not self.training_guard.active:
+            return [1] * len(batches)
+        parents = [num_parents(tree, edges) for edges in batches]
+        chunks = self.training_guard.chunks(parents)
+        if self.trainer.world_size > 1:
+            most = self.trainer.strategy.reduce(torch.tensor(chunks, device=self.device), reduce_op="max")
+            chunks = [int(c) for c in most.tolist()]
+        if max(chunks, default=1) > 1:
+            self.training_guard.announce(max(parents))
+        return chunks
+
+    def _split_backward(
+        self, optimizer: Any, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor, chunks: int, last: bool
+    ) -> tuple[Tensor, LossOutput, Compute]:
+        """One micro-batch as ``chunks`` forwards and backward passes of whole parents (gradients
+        accumulated, synchronised after the last one only when ``last``): the same gradient as one
+        pass up to float rounding, because the loss is a mean over parents (each parent's children
+        summed or averaged first: :class:`~lit_treegrpo.core.loss.ClippedPolicyLoss`), so a part of
+        ``U_j`` of the ``U`` parents weighs ``U_j / U``. Returns the micro-batch's loss (detached),
+        its statistics combined alike (per-edge means weighted by edges) and its forwards."""
+        parts = split_by_parent(tree, edges, chunks)
+        parents = [num_parents(tree, part) if part.numel() else 0 for part in parts]
+        total_parents, total_edges = max(sum(parents), 1), max(edges.numel(), 1)
+        by_parent = {"loss", "policy_loss", "kl"}  # the other statistics are means over edges
+        combined: list[Tensor | float] = [0.0] * len(LossOutput._fields)
+        forwards = Compute()
+        for j, part in enumerate(parts):
+            with optimizer.toggle_model(sync_grad=last and j == len(parts) - 1):
+                loss, stats, n = self._edge_loss(tree, cond, advantages, part)
+                share = parents[j] / total_parents
+                self.manual_backward(loss * share / self.accumulate)
+            weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
+            combined = [
+                total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)
+            ]
+            forwards = forwards + n
+        stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
+        return stats.loss, stats, forwards
+
+    def _updates_per_epoch(self, keep: Tensor) -> int:
+        """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
+        ``edges_per_update`` kept edges (the same count on every rank)."""
+        if self.edges_per_update is None:
+            return self.minibatches
+        (kept,) = self._sum_over_ranks([int(keep.sum())])
+        per_rank = kept / max(self.trainer.world_size, 1)
+        return max(1, math.ceil(per_rank / self.edges_per_update))
+
+    def _edge_loss(
+        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
+    ) -> tuple[Tensor, LossOutput, Compute]:
+        """Loss of one micro-batch of edges, its detached statistics and its counted forwards (a
+        zero loss on the parameters if it is empty, so every data-parallel rank runs the same
+        backward passes)."""
+        if edges.numel() == 0:
+            zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
+            return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), Compute()
+        kl = self.loss_fn.kl_beta > 0
+        # [B] |dt| of each edge's step, which only Flow-GRPO's KL form uses (a flow adapter: checked in __init__)
+        step_size = (
+            self.adapter.step_size(tree.edge_step[edges]) if kl and self.loss_fn.kl_form == "flow_grpo" else None
+        )
+        out, forwards = edge_loss(
+            self.loss_fn,
+            self.adapter.predict,
+            self.adapter.step,
+            tree,
+            edges,
+            cond,
+            advantages,
+            reference=self.adapter.reference if kl else None,
+            step_size=step_size,
+        )
+        return out.loss, LossOutput(*(value.detach() for value in out)), forwards

@@ -1,0 +1,77 @@
+"""The benchmarks' code paths, at toy sizes (their numbers come from real runs, see docs/benchmarks.md and docs/results.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import gpu_sd35  # noqa: E402
+import step_noise  # noqa: E402
+import training_memory  # noqa: E402
+
+
+@pytest.mark.slow  # the GPU benchmark on a tiny model, on CPU
+def test_gpu_sd35_runs_its_code_path_on_a_tiny_transformer(capsys) -> None:
+    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo", "dancegrpo_g27"])
+    assert results["treegrpo"]["leaves"] == results["dancegrpo_g27"]["leaves"] == 27
+    assert results["treegrpo"]["nfe"] == 202 and results["dancegrpo_g27"]["nfe"] == 270
+    assert results["treegrpo"]["train_forwards"] == 13  # one forward per branching node
+    assert results["dancegrpo_g27"]["train_forwards"] == 27 * 6  # 60% of 9 SDE steps, 27 chains
+    assert "speed-up vs dancegrpo_g27" in capsys.readouterr().out
+
+
+def test_gpu_sd35_without_a_gpu_says_how_to_run_it(capsys) -> None:
+    if gpu_sd35.torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit):
+        gpu_sd35.main([])
+    assert "no GPU is visible" in capsys.readouterr().err
+
+
+def test_step_noise_scores_one_stochastic_step_at_a_time_for_any_adapter(tmp_path: Path) -> None:
+    report = step_noise.main([
+        "--out", str(tmp_path), "--adapter", "lit_treegrpo.models.tiny.TinySD3Adapter", "--adapter-kwargs",
+        '{"guidance_scale": 1.0}', "--reward", "brightness", "--prompts", "animals", "--val-fraction", "0",
+        "--num-prompts", "2", "--chains", "2", "--steps", "3",
+    ])  # fmt: skip
+    rows = report["rows"]
+    # per sampler: the ODE row, one row per step 0 .. T-2, and all of them together
+    assert [r["step"] for r in rows] == [None, 0, 1, "all"] * 2
+    ode = [r for r in rows if r["step"] is None]
+    # the deterministic samples start from the same noises whatever the SDE: equal across samplers
+    assert ode[0]["per_prompt"] == ode[1]["per_prompt"]
+    assert rows[1]["per_prompt"] != ode[0]["per_prompt"]  # a stochastic step changes the samples
+    assert len(report["sigmas"]) == 4 and report["sigmas"][-1] == 0.0
+    saved = json.loads((tmp_path / "step_noise.json").read_text())
+    assert (tmp_path / "step_noise.md").read_text().strip() == step_noise.table(saved)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_training_estimate_follows_the_measured_peak_per_parent(checkpointing: bool) -> None:
+    # the training guard's cost of a parent against the measured growth of a micro-batch's peak from
+    # 1 to 4 parents (benchmarks/training_memory.py): within -15 % / +50 % on the tiny SD3 model
+    import torch
+
+    from lit_treegrpo.core.memory import training_memory as estimate
+    from lit_treegrpo.core.spec import TreeSpec
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+    from lit_treegrpo.training.memory_probe import probe_training
+
+    adapter = TinySD3Adapter(num_steps=3, guidance_scale=1.0, gradient_checkpointing=checkpointing)
+    saved = probe_training(
+        adapter,
+        TreeSpec(3, branch_steps=(0,), branching=2),
+        adapter.encode_prompts(["a"]),
+        adapter.initial_noise(1, torch.Generator().manual_seed(0)),
+    )
+    per_parent = estimate(
+        saved, checkpointing=checkpointing, trainable_bytes=0, optimizer_state_bytes=0, held_bytes=0
+    ).per_parent
+    slope = (training_memory.measure(adapter, 4, 2) - training_memory.measure(adapter, 1, 2)) / 3
+    assert 0.85 * slope < per_parent < 1.5 * slope, (per_parent, slope)

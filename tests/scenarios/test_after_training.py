@@ -1,0 +1,257 @@
+"""After training: export, captioned grids and tree views on the iteration axis, progress lines in a
+log file, EMA weights in validate, --max_iterations. One real fit of configs/tiny.yaml (4
+iterations of 2 optimizer steps each, EMA, grids and tree views every 2) serves most tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "configs" / "tiny.yaml"
+SHAPES = REPO / "configs" / "shapes.yaml"
+EXTRA = """\
+trainer:
+  callbacks:
+    - class_path: lit_treegrpo.callbacks.RewardMetrics
+    - class_path: lit_treegrpo.callbacks.EMA
+      init_args: {decay: 0.5}
+    - class_path: lit_treegrpo.callbacks.SampleGridLogger
+      init_args: {prompts: ["a red circle", "a blue square"], seeds: [0, 1], every_n_steps: 2}
+    - class_path: lit_treegrpo.callbacks.TreeView
+      init_args: {prompt: "a green triangle", every_n_steps: 2}
+"""
+RUN = ("--max_iterations", "4", "--model.minibatches", "2", "--trainer.val_check_interval", "2",
+       "--trainer.enable_model_summary", "false")  # fmt: skip
+
+
+def _main(*args: str) -> None:
+    from lit_treegrpo.cli import main
+
+    main(list(args))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A fit of the tiny config with its stdout written to ``<root>/stdout.txt`` (not a terminal)."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    (root / "extra.yaml").write_text(EXTRA)
+    with open(root / "stdout.txt", "w") as out, contextlib.redirect_stdout(out):
+        _main("fit", "--config", str(TINY), "--config", str(root / "extra.yaml"), "--trainer.default_root_dir",
+              str(root), *RUN)  # fmt: skip
+    return root
+
+
+def _events(root: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(root / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    return events
+
+
+def test_fit_with_stdout_to_a_file_prints_progress_lines(tiny_run: Path) -> None:
+    lines = (tiny_run / "stdout.txt").read_text().splitlines()
+    assert lines[0] == "training from iteration 0 to iteration 4"
+    assert any(line.startswith("iteration 1/4  reward ") and " s/it  ETA " in line for line in lines), lines
+    assert any(line.startswith("iteration 4/4  reward ") for line in lines), lines
+    assert [line.split("  ")[0] for line in lines if "held-out reward" in line] == ["iteration 2", "iteration 4"]
+    assert lines[-1].startswith("finished at iteration 4: 4 iterations in ")
+    assert not any("\r" in line or "━" in line for line in lines)  # no progress bar drawn into the file
+
+
+def test_scalars_and_images_share_the_iteration_axis(tiny_run: Path) -> None:
+    events = _events(tiny_run)
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    images = {tag: [e.step for e in events.Images(tag)] for tag in events.Tags()["images"]}
+    # a training step's metrics at its index (the weights that sampled it had seen that many
+    # updates); validations, grids and tree views at the number of completed iterations
+    assert steps["reward"] == steps["loss"] == steps["reward/mean"] == [0, 1, 2, 3]
+    assert steps["val/reward"] == [2, 4]
+    assert images["samples"] == images["tree"] == [0, 2, 4]
+    # Lightning's optimizer-step count is a scalar of its own (2 per iteration), not the x-axis
+    assert [(e.step, e.value) for e in events.Scalars("optimizer_steps")] == [(0, 2.0), (1, 4.0), (2, 6.0), (3, 8.0)]
+    assert [e.value for e in events.Scalars("iteration")] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from lit_treegrpo.callbacks import make_grid
+
+    grid = np.asarray(Image.open(tiny_run / "samples" / "step_000002.png"))  # [H, W, 3]
+    plain = make_grid(torch.zeros(2, 2, 3, 32, 32))  # the uncaptioned layout of 2 prompts x 2 seeds
+    assert grid.shape[0] > plain.shape[1] and grid.shape[1] > plain.shape[2] + 100  # a prompt column, labels
+    prompt_column = grid[20:60, :140]  # where "a red circle" is written, left of row 0
+    assert (prompt_column.min(axis=2) < 100).sum() > 30  # dark text pixels on the white column
+    assert (tiny_run / "samples" / "tree_000002.png").is_file()
+    tree = np.asarray(Image.open(tiny_run / "samples" / "tree_000004.png"))
+    assert tree.shape[0] > 150 and tree.shape[1] >= 420
+    # the tiny tree has 4 leaves: their images (32 px) sit in one row under the edges
+    events = _events(tiny_run)
+    assert events.Images("tree")[-1].width == tree.shape[1]
+
+
+def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp_path: Path) -> None:
+    from lit_treegrpo.cli import TreeGRPOCLI
+    from lit_treegrpo.models.tiny import tiny_sd3_pipeline
+    from lit_treegrpo.runs.export import ema_state, restore, swapped_in
+
+    base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
+    _main("export", *base, "--out", str(tmp_path / "lora"), "--ema", "true")
+    _main("export", *base, "--ckpt_path", str(tiny_run / "checkpoints" / "last.ckpt"), "--out", str(tmp_path / "full"),
+          "--merged", "true")  # fmt: skip
+    card = json.loads((tmp_path / "lora" / "export.json").read_text())
+    assert card["iterations"] == 4 and card["optimizer_steps"] == 8 and card["weights"] == "LoRA"
+    assert card["base_model"] == "TinySD3Adapter(seed=0)" and card["method"]["advantage"]["method"] == "mean"
+    assert card["reward"] is not None and card["held_out_reward"] is not None and card["ema"]["num_updates"] == 4
+    assert "pipe.load_lora_weights(DIR)" in (tmp_path / "lora" / "README.md").read_text()
+
+    # the adapter with the checkpoint's weights, as the run would sample
+    cli = TreeGRPOCLI(args=[*base, "--trainer.logger", "false"], run=False)
+    checkpoint = torch.load(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    restore(cli.model, checkpoint)
+    adapter = cli.model.adapter
+    cond = adapter.encode_prompts(["a red circle"])
+    x = adapter.initial_noise(1, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        trained = adapter.predict(x, 1, cond)
+        pipe = tiny_sd3_pipeline(seed=0)  # a fresh base pipeline
+        adapter.denoiser, own = pipe.transformer, adapter.denoiser
+        untrained = adapter.predict(x, 1, cond)
+        pipe.load_lora_weights(str(tmp_path / "lora"))
+        loaded = adapter.predict(x, 1, cond)
+        from diffusers import SD3Transformer2DModel
+
+        adapter.denoiser = SD3Transformer2DModel.from_pretrained(str(tmp_path / "full"), subfolder="transformer")
+        merged = adapter.predict(x, 1, cond)
+        ema_pipe = tiny_sd3_pipeline(seed=0)
+        ema_pipe.load_lora_weights(str(tmp_path / "lora" / "ema"))
+        adapter.denoiser = ema_pipe.transformer
+        ema_loaded = adapter.predict(x, 1, cond)
+        adapter.denoiser = own
+        with swapped_in(adapter.trainable_parameters(), ema_state(checkpoint)["shadows"]):
+            ema_trained = adapter.predict(x, 1, cond)
+    assert not torch.allclose(untrained, trained, atol=1e-4)  # the LoRA moved the model
+    torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(ema_trained, trained, atol=1e-6)  # decay 0.5 lags the weights
+    torch.testing.assert_close(ema_loaded, ema_trained, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--ckpt_path", "/no/such.ckpt", "--out", "OUT"],
+            "--ckpt_path: no checkpoint at /no/such.ckpt; check the path",
+        ),
+        pytest.param(["--out", "OUT"], "--ckpt_path last: no checkpoint at", marks=pytest.mark.slow),
+        pytest.param(["--ckpt_path", "CKPT"], "--out: give the folder to write the export to", marks=pytest.mark.slow),
+        pytest.param(["--ckpt_path", "CKPT", "--out", "CKPT"], "is a file; give a folder", marks=pytest.mark.slow),
+        (["--ckpt_path", "CKPT", "--out", "FULL"], "the folder holds files and no earlier export"),
+        pytest.param(["--ckpt_path", "GARBAGE", "--out", "OUT"], "--ckpt_path", marks=pytest.mark.slow),
+    ],
+)
+def test_bad_export_options_are_one_line(
+    tiny_run: Path, tmp_path: Path, capsys, monkeypatch, args: list[str], message: str
+) -> None:
+    from lit_treegrpo.models import tiny
+
+    monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
+    monkeypatch.setattr(tiny, "tiny_sd3_pipeline", lambda *a, **k: pytest.fail("a model was built before the check"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
+    names = {
+        "OUT": tmp_path / "out",
+        "CKPT": tiny_run / "checkpoints" / "last.ckpt",
+        "FULL": tmp_path / "full",
+        "GARBAGE": tmp_path / "garbage.ckpt",
+    }
+    args = [str(names.get(a, a)) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        _main("export", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path / "run"), *args)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert exit_info.value.code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert message in errors[0], errors[0]
+    assert not (tmp_path / "out").exists() and (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+def _val_reward(*args: str) -> float:
+    from lit_treegrpo.cli import TreeGRPOCLI
+
+    cli = TreeGRPOCLI(args=["validate", "--config", str(TINY), "--trainer.enable_progress_bar", "false",
+                            "--trainer.enable_model_summary", "false", *args])  # fmt: skip
+    return float(cli.trainer.callback_metrics["val/reward"])
+
+
+def test_validate_from_a_checkpoint_uses_its_ema_weights(tiny_run: Path, tmp_path: Path) -> None:
+    fitted = [e for e in _events(tiny_run).Scalars("val/reward") if e.step == 4][0].value  # fit's, with the EMA
+    # configs/tiny.yaml has no EMA callback: the checkpoint's EMA state is found and used
+    common = ("--ckpt_path", str(tiny_run / "checkpoints" / "last.ckpt"), "--trainer.default_root_dir", str(tmp_path))
+    assert _val_reward(*common) == pytest.approx(fitted, abs=1e-6)
+    raw = _val_reward(*common, "--raw_weights", "true")
+    assert raw != pytest.approx(fitted, abs=1e-6)  # decay 0.5: the average lags the weights
+
+
+@pytest.mark.slow  # a fit of its own (8 s)
+def test_the_views_and_the_axis_leave_training_unchanged(tiny_run: Path, tmp_path: Path) -> None:
+    from lit_treegrpo.cli import TreeGRPOCLI
+
+    # the same run without EMA, grids, tree views, validation or progress lines
+    cli = TreeGRPOCLI(args=["fit", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path), *RUN,
+                            "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+                            "--trainer.callbacks", "[]"])  # fmt: skip
+    assert cli.model.iteration == 4 and cli.trainer.global_step == 8  # --max_iterations, not the config's max_steps: 30
+    plain = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    viewed = torch.load(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert plain.keys() == viewed.keys()
+    for name in plain:
+        assert torch.equal(plain[name], viewed[name]), name
+
+
+@pytest.mark.slow  # a Shapes fit and three model loads (~20 s)
+def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> None:
+    from diffusers import SD3Transformer2DModel
+
+    from lit_treegrpo.cli import TreeGRPOCLI
+    from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
+    from lit_treegrpo.runs.export import restore
+
+    base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]
+    _main("fit", *base, "--max_iterations", "1", "--data.batch_size", "1", "--trainer.limit_val_batches", "0",
+          "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")  # fmt: skip
+    _main("export", *base, "--out", str(tmp_path / "lora"))
+    _main("export", *base, "--out", str(tmp_path / "full"), "--merged", "true")
+    assert json.loads((tmp_path / "full" / "export.json").read_text())["weights"] == "full denoiser (LoRA merged)"
+
+    cli = TreeGRPOCLI(args=[*base, "--trainer.logger", "false"], run=False)
+    restore(
+        cli.model, torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    )
+    adapter = cli.model.adapter
+    cond = adapter.encode_prompts(["a red circle on the left"])
+    x = adapter.initial_noise(2, torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        trained = adapter.predict(x, 3, cond)
+        fresh = ShapesAdapter(pretrained=str(tmp_path / "full"), num_steps=10)  # the merged export, as a base
+        merged = fresh.predict(x, 3, fresh.encode_prompts(["a red circle on the left"]))
+        transformer = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
+        transformer.load_lora_adapter(
+            str(tmp_path / "lora"), prefix=None, weight_name="pytorch_lora_weights.safetensors"
+        )
+        adapter.denoiser, own = transformer, adapter.denoiser
+        loaded = adapter.predict(x, 3, cond)
+        adapter.denoiser = SD3Transformer2DModel.from_pretrained(str(builtin_folder()), subfolder="transformer")
+        untrained = adapter.predict(x, 3, cond)
+        adapter.denoiser = own
+    assert not torch.allclose(untrained, trained, atol=1e-5)  # one iteration moved the LoRA
+    torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-4)
