@@ -276,6 +276,16 @@ def tables(report: dict[str, Any]) -> str:
             else ""
         ),
         "",
+        *(
+            []
+            if report["complete"] or not report["methods"]
+            else [
+                "**Interim**: the comparison is under way and the tables below hold the reported seeds "
+                "trained so far (listed under them); their intervals are not the protocol's until every "
+                "headline method has all its seeds. Read nothing into them yet.",
+                "",
+            ]
+        ),
         "| method | rates tried: score (plateau per sweep seed) | chosen |",
         "|---|---|---|",
     ]
