@@ -86,8 +86,26 @@ def probe_training(adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor) -> Sa
         out = adapter.predict(x, step, row)  # [1, *S]
         adapter.step(out[group], x[group], step[group], stochastic=True, prev_sample=x[group])
 
-    with _checkpoint_regions_known(getattr(adapter, "denoiser", None)):
-        return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
+    try:
+        with _checkpoint_regions_known(getattr(adapter, "denoiser", None)):
+            return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
+    finally:
+        _reshard_fsdp(adapter)
+
+
+def _reshard_fsdp(module: nn.Module) -> None:
+    """Put FSDP2-sharded modules back into their sharded state after a forward with no backward.
+    FSDP2 keeps the root module's parameters gathered after its forward (the backward would need
+    them at once); with no backward they would stay registered as plain, full tensors, and a
+    checkpoint restored next (``ModelParallelStrategy`` restores after ``on_fit_start``) would be
+    copied into them as DTensors and fail. ``reshard`` is not recursive, so every FSDP module."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed: nothing can be sharded
+        return
+    for submodule in module.modules():
+        if isinstance(submodule, FSDPModule):
+            submodule.reshard()
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> int:
