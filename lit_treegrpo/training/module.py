@@ -143,7 +143,7 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
             limits=rollout,
         )
         self.adapter = adapter
-        self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
+        self.reward = build_rewards(reward, reward_kwargs or {}, video=adapter.makes_video)
         self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
         self.tree = tree
         self.rollout_limits = rollout
