@@ -37,6 +37,7 @@ from ..core.compute import Compute, ComputeCost
 from ..core.loss import ClippedPolicyLoss
 from ..core.pruning import PruningConfig, PruningSchedule, prune
 from ..core.rollout import RolloutTree, rollout, root_noise
+from ..core.samples import ScoredSamples
 from ..core.seeding import generator
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.prompt_stream import PromptBatch
@@ -236,9 +237,11 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
 
     # ------------------------------------------------------------------------ training
-    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, ScoredSamples]:
         """Roll out one tree per prompt, score its leaves, back up advantages, prune, and update the
-        policy on the kept edges. Faults go through :attr:`fault_ledger`."""
+        policy on the kept edges. Faults go through :attr:`fault_ledger`. The callbacks receive the
+        leaves that trained as :class:`~lit_treegrpo.core.samples.ScoredSamples`
+        (``ScoredSamples.of(outputs)``)."""
         self._check_stream(batch)
         timer, ledger, prompts = PhaseTimer(self.adapter.device), self.fault_ledger, batch.prompts
         spec = self.tree.at(self.iteration, self.seed)
@@ -287,7 +290,7 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         spent = update.compute + Compute(sampling=tree.nfe, reward_images=len(leaf_prompts))
         self.compute_spent = self.compute_spent + spent
         self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps, spent)
-        return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images)
+        return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images).as_step_output()
 
     def _check_stream(self, batch: PromptBatch) -> None:
         if batch.index != self.iteration:
