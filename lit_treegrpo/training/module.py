@@ -5,8 +5,9 @@ Every method of the papers is a configuration of this one module (each a preset 
 (DanceGRPO, Flow-GRPO) is a tree with ``num_trees = G`` chains, MixGRPO adds an SDE window,
 TreeGRPO branches inside a window, BranchGRPO splits at fixed steps with fusion advantages and
 pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue,
-with parts of it in their own files: the policy update
-(:class:`~lit_treegrpo.training.update.PolicyUpdate`), the checkpoint hooks
+with parts of it in their own files: the trees a step grows, scores, backs up and prunes
+(:class:`~lit_treegrpo.training.growth.TreeGrowth`, which the ``TreeView`` callback draws too), the
+policy update (:class:`~lit_treegrpo.training.update.PolicyUpdate`), the checkpoint hooks
 (:class:`~lit_treegrpo.training.checkpoint_state.CheckpointState`) and the deterministic sampling of
 validation / test / predict (:class:`~lit_treegrpo.training.evaluation.Evaluation`); FSDP2
 sharding is :class:`~lit_treegrpo.training.sharding.Sharding`'s.
