@@ -1,9 +1,10 @@
 """Reward statistics of every training step, epoch and validation, synchronised across ranks.
 
-Reads the ``outputs`` of ``training_step`` / ``validation_step``: ``rewards`` [L] (total reward of
-each leaf image), ``reward_components`` (name -> [L]; may be empty) and ``leaf_prompts`` (the prompt
-of each leaf). Statistics are torchmetrics states (count, sum, sum of squares, max, min) reduced
-over all data-parallel ranks when computed, so the logged values are those of the global batch.
+Reads the :class:`~lit_treegrpo.core.samples.ScoredSamples` of ``training_step`` / ``validation_step``
+(``ScoredSamples.of(outputs)``): ``rewards`` [L] (total reward of each leaf image),
+``reward_components`` (name -> [L]; may be empty) and ``prompts`` (the prompt of each leaf).
+Statistics are torchmetrics states (count, sum, sum of squares, max, min) reduced over all
+data-parallel ranks when computed, so the logged values are those of the global batch.
 
 Logged (``<c>`` = each component):
 
@@ -14,7 +15,7 @@ Logged (``<c>`` = each component):
 - per validation run: ``val/reward/...`` and ``val/reward/prompt_{best,worst}``;
 - ``diversity`` (per training step, the spread of each prompt's leaves) and ``val/diversity`` (the
   spread of each validation prompt's samples, when the module draws two or more per prompt:
-  ``TreeGRPOModule(val_samples=...)``), from the ``images`` of the outputs
+  ``TreeGRPOModule(val_samples=...)``), from the ``images`` of the samples
   (:class:`SampleDiversity`). Tree leaves share their prefix, so ``diversity`` is lower than
   ``val/diversity`` by design; either falling towards 0 signals a collapse.
 
@@ -30,7 +31,6 @@ validation; each validation also writes its own table (``val/reward/prompts``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,6 +40,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
 from typing_extensions import override
+
+from lit_treegrpo.core.samples import ScoredSamples
 
 from ._tensorboard import TensorBoardWriters
 
@@ -172,7 +174,7 @@ class RewardMetrics(Callback):
         prompt_key: what ranks prompts: ``"reward"`` (the total) or ``"reward/<component>"``.
         table_size: best and worst prompts shown in the text tables.
         diversity: log the within-prompt spread of the images (``diversity``, ``val/diversity``)
-            when the outputs carry ``images``.
+            when the samples carry ``images``.
     """
 
     def __init__(
@@ -206,29 +208,34 @@ class RewardMetrics(Callback):
             self._metrics[key] = RewardStats().to(device)
         return self._metrics[key]
 
-    def _read(self, outputs: Any, where: str, allow_empty: bool = False) -> tuple[dict[str, Tensor], list[str]]:
-        """``({"reward": [L], "reward/<c>": [L], ...}, leaf prompts)`` from a step's outputs,
-        checked for shape and finiteness."""
-        if not isinstance(outputs, Mapping) or "rewards" not in outputs or "leaf_prompts" not in outputs:
+    @staticmethod
+    def _samples(outputs: Any, where: str) -> ScoredSamples:
+        """The step's :class:`ScoredSamples` in Lightning's ``outputs`` (refused when there are none)."""
+        samples = ScoredSamples.of(outputs)
+        if samples is None:
             raise ValueError(
-                f"RewardMetrics needs the {where} to return a dict with 'rewards', 'reward_components' "
-                f"and 'leaf_prompts'; got {type(outputs).__name__}"
-                + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
+                f"RewardMetrics needs the {where} to return lit_treegrpo.core.ScoredSamples (a training "
+                f"step: its as_step_output()); got {type(outputs).__name__}"
             )
-        prompts = list(outputs["leaf_prompts"])
+        return samples
+
+    def _read(
+        self, samples: ScoredSamples, where: str, allow_empty: bool = False
+    ) -> tuple[dict[str, Tensor], list[str]]:
+        """``({"reward": [L], "reward/<c>": [L], ...}, leaf prompts)`` of a step's samples, checked
+        for shape and finiteness."""
+        prompts = list(samples.prompts)
         if not prompts and not allow_empty:
-            raise ValueError(f"{where}: no leaf images (empty 'leaf_prompts'), nothing to measure")
-        values = {"reward": outputs["rewards"]}
-        values.update({f"reward/{k}": v for k, v in outputs.get("reward_components", {}).items()})
+            raise ValueError(f"{where}: no leaf images (no prompts), nothing to measure")
+        values = {"reward": samples.rewards}
+        values.update({f"reward/{k}": v for k, v in samples.reward_components.items()})
         if self.per_prompt_extremes and self.prompt_key not in values:
             raise ValueError(
                 f"RewardMetrics.prompt_key={self.prompt_key!r} is not among this {where}'s rewards {sorted(values)}"
             )
         for name, v in values.items():
             if v.ndim != 1 or v.shape[0] != len(prompts):
-                raise ValueError(
-                    f"{where}: {name} has shape {tuple(v.shape)} but there are {len(prompts)} leaf_prompts"
-                )
+                raise ValueError(f"{where}: {name} has shape {tuple(v.shape)} but there are {len(prompts)} prompts")
             bad = ~torch.isfinite(v)
             if bool(bad.any()):
                 names = sorted({prompts[i] for i in bad.nonzero().flatten().tolist()})
@@ -238,15 +245,15 @@ class RewardMetrics(Callback):
                 )
         return values, prompts
 
-    def _diversity_metric(self, phase: str, outputs: Any) -> SampleDiversity | None:
-        """The phase's diversity metric, updated with the outputs' images (``None``: not measured)."""
-        if not self.diversity or not isinstance(outputs.get("images"), Tensor):
+    def _diversity_metric(self, phase: str, samples: ScoredSamples) -> SampleDiversity | None:
+        """The phase's diversity metric, updated with the samples' images (``None``: not measured)."""
+        if not self.diversity or samples.images is None:
             return None
-        images = outputs["images"]
+        images = samples.images
         if phase not in self._diversity:
             self._diversity[phase] = SampleDiversity().to(images.device)
         metric = self._diversity[phase]
-        metric.update(images, list(outputs["leaf_prompts"]))
+        metric.update(images, list(samples.prompts))
         return metric
 
     def _logged(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -294,7 +301,9 @@ class RewardMetrics(Callback):
     ) -> None:
         # a step whose prompts the module's fault policy left out (faults.nonfinite=skip) has no
         # leaves here; it still takes part in the collectives, so that data-parallel ranks stay in step
-        values, prompts = self._read(outputs, f"training step {self._step_index}", allow_empty=True)
+        where = f"training step {self._step_index}"
+        samples = self._samples(outputs, where)
+        values, prompts = self._read(samples, where, allow_empty=True)
         for name, v in self._logged(values).items():
             step = self._metric("step", name, v.device)
             step.update(v)
@@ -303,7 +312,7 @@ class RewardMetrics(Callback):
             self._metric("epoch", name, v.device).update(v)
             if bool(torch.isfinite(stats["mean"])):  # no leaf on any rank: nothing to log
                 self._log_stats(pl_module, name, "", stats, on_step=True, on_epoch=False)
-        diversity = self._diversity_metric("train", outputs)
+        diversity = self._diversity_metric("train", samples)
         if diversity is not None:
             value = diversity.compute()  # reduced over ranks
             diversity.reset()
@@ -341,10 +350,12 @@ class RewardMetrics(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        values, prompts = self._read(outputs, f"validation batch {batch_idx}")
+        where = f"validation batch {batch_idx}"
+        samples = self._samples(outputs, where)
+        values, prompts = self._read(samples, where)
         for name, v in self._logged(values).items():
             self._metric("val", name, v.device).update(v)
-        self._diversity_metric("val", outputs)
+        self._diversity_metric("val", samples)
         if self.per_prompt_extremes:
             self._val_prompts.append(per_prompt_sums(values[self.prompt_key], prompts))
 

@@ -1,12 +1,13 @@
 """A picture of the tree the policy grows for one fixed prompt, logged as training goes.
 
-Every ``every_n_steps`` training iterations (and before the first), :class:`TreeView` rolls out the
-run's tree (``pl_module.tree.at(iteration)``) for one prompt from a fixed seed with the training
-weights, scores the leaves with the run's reward, backs the rewards up into advantages with the
-run's estimator and prunes with the pruning that iteration trains with, exactly as a training step
-does, and draws it (:func:`~lit_treegrpo.callbacks.drawing.draw_tree`): root on top, one row per
-depth of recorded edges, each edge's advantage, the pruned edges greyed and crossed, each leaf's
-image and reward at the bottom. The image goes to TensorBoard (``add_image(tag, ...,
+Every ``every_n_steps`` training iterations (and before the first), :class:`TreeView` has the
+module grow the run's tree for one prompt from a fixed seed with the training weights
+(``pl_module.grow``, the first half of a training step, so the iteration's tree, the run's reward,
+its advantage estimator and the pruning that iteration trains with, with no second copy of that code
+here to drift from it: a :class:`~lit_treegrpo.training.growth.GrownTree`), and draws it
+(:func:`~lit_treegrpo.callbacks.drawing.draw_tree`): root on top, one row per depth of recorded
+edges, each edge's advantage, the pruned edges greyed and crossed, each leaf's image and reward at
+the bottom. The image goes to TensorBoard (``add_image(tag, ...,
 global_step=iteration)``) and to ``<default_root_dir>/samples/tree_{iteration:06d}.png``.
 
 It draws its own noise from its own generators and changes no state of the module, so a run with it
@@ -24,8 +25,6 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from lit_treegrpo.core.pruning import prune
-from lit_treegrpo.core.rollout import rollout, root_noise
 from lit_treegrpo.core.seeding import generator as seeded
 
 from ._tensorboard import TensorBoardWriters
@@ -81,40 +80,15 @@ class TreeView(EveryNIterations):
 
     # ------------------------------------------------------------------------ the tree
     @torch.no_grad()
-    def grow(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        """Roll out, score, back up and prune one tree of :attr:`prompt` with the current weights."""
-        adapter = pl_module.adapter
-        spec = pl_module.tree.at(pl_module.iteration, pl_module.seed)
-        generator = seeded(self.seed, device=adapter.device)
-        cond = adapter.encode_prompts([self.prompt])
-        noise = root_noise(adapter.initial_noise, [generator], spec)  # [num_trees, *S]
-        tree = rollout(
-            adapter.predict,
-            adapter.step,
-            spec,
-            cond,
-            noise,
-            generator=[generator],
-            max_batch=pl_module.rollout_limits.max_batch,
-        )
-        images = adapter.decode(tree.leaf_latents)  # [L, 3, H, W] (or [L, F, 3, H, W] for video)
-        rewards = pl_module.reward.score(images, [self.prompt] * tree.num_leaves, check=False).total.float()  # [L]
-        advantages = pl_module._advantages(tree, rewards)  # [E], the training step's estimator
-        pruning = pl_module.pruning_at(spec)  # the training step's, a PruningSchedule's included
-        keep = prune(tree, advantages, pruning)  # [E] bool
-        return {
-            "tree": tree,
-            "images": images,
-            "rewards": rewards,
-            "advantages": advantages,
-            "keep": keep,
-            "pruning": pruning,
-            "spec": spec,
-        }
+    def grow(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+        """The module's tree of :attr:`prompt` with the current weights (``pl_module.grow``: rolled
+        out, scored, backed up and pruned as a training step does), from this callback's seed: a
+        :class:`~lit_treegrpo.training.growth.GrownTree` (the callbacks may not import the module)."""
+        return pl_module.grow([self.prompt], [seeded(self.seed, device=pl_module.adapter.device)])
 
-    def picture(self, grown: dict[str, Any], iteration: int) -> Any:
+    def picture(self, grown: Any, iteration: int) -> Any:
         """The drawn tree (a PIL image) of :meth:`grow`'s result."""
-        tree, spec, keep, rewards = grown["tree"], grown["spec"], grown["keep"], grown["rewards"]
+        tree, spec, keep, rewards, pruning = grown.tree, grown.spec, grown.keep, grown.scored.rewards, grown.pruning
         title = [
             f"iteration {iteration}   prompt: {self.prompt!r}   seed {self.seed}",
             f"{tree.num_leaves} leaves, {tree.num_edges} recorded edges, {int(keep.sum())} kept for training; "
@@ -122,12 +96,8 @@ class TreeView(EveryNIterations):
             f"tree: {spec.num_trees} root(s), branching {spec.branching} at steps {list(spec.branch_steps)}"
             + (f", SDE steps {list(spec.sde_steps)}" if spec.sde_steps else "")
             + "; "
-            f"pruning: {grown['pruning'].width} width"
-            + (
-                f", depth {grown['pruning'].depth_window} {grown['pruning'].depth_mode}"
-                if grown["pruning"].depth_window
-                else ""
-            ),
+            f"pruning: {pruning.width} width"
+            + (f", depth {pruning.depth_window} {pruning.depth_mode}" if pruning.depth_window else ""),
             "edges: green advantage >= 0, red < 0, grey with x = pruned; the number under a node is its edge's advantage",
         ]
         cpu = lambda t: t.detach().cpu()  # noqa: E731
@@ -136,10 +106,10 @@ class TreeView(EveryNIterations):
             edge_source=cpu(tree.edge_source),
             edge_depth=cpu(tree.edge_depth),
             edge_step=cpu(tree.edge_step),
-            advantages=cpu(grown["advantages"]).float(),
+            advantages=cpu(grown.advantages).float(),
             keep=cpu(keep),
             leaf_edge=cpu(tree.leaf_edge),
-            leaf_images=cpu(grown["images"]).float(),
+            leaf_images=cpu(grown.images).float(),
             rewards=cpu(rewards),
             title=title,
             scale=self.scale,

@@ -371,7 +371,7 @@ class TreeGRPOCLI(LightningCLI):
             self._ckpt_path,
             self.config_init["export"],
             root,
-            adapter=self.config["export"]["model"].get("adapter"),
+            adapter_config=self.config["export"]["model"].get("adapter"),
         )
 
     def before_fit(self) -> None:

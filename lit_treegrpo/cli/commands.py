@@ -49,11 +49,12 @@ def export_checkpoint(
     options: Mapping[str, Any],
     root: Path,
     *,
-    adapter: Any = None,
+    adapter_config: Any = None,
 ) -> None:
     """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``,
     then written out with ``options`` (``out``, ``merged``, ``ema``); the card's rewards come from
-    the run's TensorBoard events under ``root``, its base model from the ``adapter`` config."""
+    the run's TensorBoard events under ``root``, its base model from ``adapter_config`` (the
+    configured adapter's namespace)."""
     restore(model, checkpoint)
     ema = ema_state(checkpoint) if options["ema"] else None
     if options["ema"] and ema is None:
@@ -69,7 +70,7 @@ def export_checkpoint(
         metrics=logged_rewards(root / "tensorboard", model.iteration),
         optimizer_steps=int(checkpoint.get("global_step", 0)),
         checkpoint=ckpt_path,
-        adapter_config=adapter.as_dict() if hasattr(adapter, "as_dict") else None,
+        adapter_config=adapter_config.as_dict() if hasattr(adapter_config, "as_dict") else None,
     )
     rank_zero_info(f"exported {ckpt_path} (iteration {model.iteration}) to {out}")
 

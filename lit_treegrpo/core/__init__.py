@@ -8,6 +8,7 @@
 - :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
 - :mod:`.compute`: :class:`Compute` (counted model work of a step) and :class:`ComputeCost` (units).
+- :mod:`.samples`: :class:`ScoredSamples`, the samples and rewards a step hands the callbacks.
 - :mod:`.memory`: the memory a rollout and a training pass need, counted from shapes (arithmetic;
   the memory guard of :mod:`lit_treegrpo.training` measures what is available).
 
@@ -29,6 +30,7 @@ from .rollout import (
     root_noise,
     source_minibatches,
 )
+from .samples import ScoredSamples
 from .seeding import generator, seed_of
 from .spec import RolloutLimits, TreeSpec, WindowSchedule
 from .steps import StepOutput, ddim_step, flow_sde_step, gaussian_log_prob
@@ -43,6 +45,7 @@ __all__ = [
     "PruningConfig",
     "PruningSchedule",
     "RolloutTree",
+    "ScoredSamples",
     "StepOutput",
     "RolloutLimits",
     "TreeSpec",

@@ -176,9 +176,19 @@ class DiffusionAdapter(nn.Module, ABC):
         decode_batch_size: images per VAE decode call.
     """
 
+    #: the one module that trains (LoRA or fully); the memory probe and the export read it too
     denoiser: nn.Module
-    pipeline: Any  # the diffusers pipeline the components came from (not a module)
-    lora_layers_arg: str  # save_lora_weights keyword of the denoiser: "unet" / "transformer"
+    #: the diffusers pipeline the components came from (not a module: it keeps ``encode_prompt`` and
+    #: ``save_lora_weights`` at hand; the export reads its hub id); None: a family without one (Shapes)
+    pipeline: Any = None
+    #: the denoiser's keyword of ``save_lora_weights`` and its subfolder in a merged export: diffusers'
+    #: ``"unet"`` / ``"transformer"``
+    lora_layers_arg: str = "transformer"
+    #: the local folder the weights were loaded from, which an export names as its base model; None:
+    #: a hub id (the pipeline names it) or a model built in memory
+    source: str | None = None
+    #: :meth:`decode` gives videos [B, F, 3, H, W], not images: the module then needs a video reward
+    makes_video: bool = False
     #: the denoiser's block lists that :meth:`shard` shards one block at a time (diffusers' names:
     #: SD3Transformer2DModel's ``transformer_blocks``, UNet2DConditionModel's down / up blocks)
     shard_blocks: tuple[str, ...] = ("transformer_blocks", "down_blocks", "up_blocks")
@@ -203,8 +213,10 @@ class DiffusionAdapter(nn.Module, ABC):
         self.num_steps = num_steps
         self.guidance_scale = guidance_scale
         self.negative_prompt = negative_prompt
-        self.lora = lora
+        self.lora: LoraSettings | None = lora
+        """LoRA settings; None: the whole denoiser trains (no KL reference, a larger optimizer state)."""
         self.gradient_checkpointing = gradient_checkpointing
+        """Activations are recomputed in the backward pass (the memory guard counts them so)."""
         self.decode_batch_size = decode_batch_size
         self.truncation = TruncationWarner()  # prompts over a text encoder's limit: warned once
 

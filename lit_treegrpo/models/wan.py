@@ -112,8 +112,7 @@ class WanAdapter(FlowMatchingAdapter):
 
     lora_layers_arg = "transformer"
     shard_blocks = ("blocks",)  # WanTransformer3DModel's block list
-    #: decode gives videos [B, F, 3, H, W]: the module then needs a video reward (rewards.video)
-    makes_video = True
+    makes_video = True  # decode gives videos [B, F, 3, H, W]: the module needs a video reward (rewards.video)
 
     def __init__(
         self,

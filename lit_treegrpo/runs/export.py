@@ -29,10 +29,13 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..models.base import DiffusionAdapter
 
 CARD_FILE = "export.json"
 
@@ -107,7 +110,7 @@ def _is_shapes(adapter: Any) -> bool:
     return isinstance(adapter, ShapesAdapter)
 
 
-def _merged_denoiser(adapter: Any) -> torch.nn.Module:
+def _merged_denoiser(adapter: DiffusionAdapter) -> torch.nn.Module:
     """A copy of the denoiser with its LoRA merged in (the denoiser itself without LoRA)."""
     if adapter.lora is None:
         return adapter.denoiser
@@ -117,7 +120,7 @@ def _merged_denoiser(adapter: Any) -> torch.nn.Module:
     return denoiser
 
 
-def write_weights(adapter: Any, folder: Path, *, merged: bool) -> list[str]:
+def write_weights(adapter: DiffusionAdapter, folder: Path, *, merged: bool) -> list[str]:
     """The adapter's current trainable weights into ``folder`` (see the module docstring); returns
     the files and folders written, relative to ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,17 +130,17 @@ def write_weights(adapter: Any, folder: Path, *, merged: bool) -> list[str]:
     if _is_shapes(adapter):
         adapter.save_pretrained(folder)
         return sorted(p.name for p in folder.iterdir())
-    sub = getattr(adapter, "lora_layers_arg", "transformer")  # "transformer" / "unet": diffusers' names
+    sub = adapter.lora_layers_arg  # "transformer" / "unet": diffusers' names
     _merged_denoiser(adapter).save_pretrained(str(folder / sub))
     return [sub]
 
 
-def base_model(adapter: Any, adapter_config: Mapping[str, Any] | None = None) -> str:
+def base_model(adapter: DiffusionAdapter, adapter_config: Mapping[str, Any] | None = None) -> str:
     """What the weights apply to: the adapter's ``pretrained`` setting, its source folder, the
     pipeline's hub id, or the adapter class with its options (a tiny model built from a seed)."""
     args = dict((adapter_config or {}).get("init_args") or {})
-    pretrained = args.get("pretrained") or getattr(adapter, "source", None)
-    if pretrained is None and getattr(adapter, "pipeline", None) is not None:
+    pretrained = args.get("pretrained") or adapter.source
+    if pretrained is None and adapter.pipeline is not None:
         pretrained = getattr(adapter.pipeline, "name_or_path", None) or adapter.pipeline.config.get("_name_or_path")
     if pretrained:
         return str(pretrained)
@@ -158,7 +161,7 @@ def method(module: Any) -> dict[str, Any]:
     }
 
 
-def how_to_load(adapter: Any, lora: bool, base: str) -> str:
+def how_to_load(adapter: DiffusionAdapter, lora: bool, base: str) -> str:
     """A Python snippet that loads the export."""
     if _is_shapes(adapter):
         if lora:
@@ -172,7 +175,7 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
                 "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')"
             )
         return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
-    pipeline = type(getattr(adapter, "pipeline", None)).__name__
+    pipeline = type(adapter.pipeline).__name__
     # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline
     if base.endswith(")"):
         cls = type(adapter)
@@ -181,7 +184,7 @@ def how_to_load(adapter: Any, lora: bool, base: str) -> str:
         load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
     if lora:
         return f"{load_base}\npipe.load_lora_weights(DIR)"
-    sub = getattr(adapter, "lora_layers_arg", "transformer")
+    sub = adapter.lora_layers_arg
     model = type(adapter.denoiser).__name__
     return f"{load_base}\nfrom diffusers import {model}\npipe.{sub} = {model}.from_pretrained(DIR, subfolder={sub!r})"
 

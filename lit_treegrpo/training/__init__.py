@@ -2,6 +2,8 @@
 
 - :mod:`.module`: :class:`TreeGRPOModule`, one training step = roll out -> score -> advantages ->
   prune -> update, with validation / test / predict sampling and the checkpoint hooks.
+- :mod:`.growth`: the first half of a step, :meth:`~.growth.TreeGrowth.grow` (roll out, score,
+  back up through the public ``advantages`` hook, prune), which ``TreeView`` draws too.
 - :mod:`.update`: the clipped policy-gradient updates over the kept edges (micro-batches, gradient
   accumulation, the memory guard's split, non-finite losses and gradients refused).
 - :mod:`.checkpoint_state`: what the module writes into a checkpoint and does with one it resumes.

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..core.rollout import rollout
+from ..core.samples import ScoredSamples
 from ..core.seeding import generator
 from ..core.spec import TreeSpec
 from ..data.prompt_stream import PromptBatch
@@ -46,19 +46,21 @@ class Evaluation:
         )
         return self.adapter.decode(tree.leaf_latents)
 
-    def _evaluate(self, batch: PromptBatch, prefix: str) -> dict[str, Any]:
+    def _evaluate(self, batch: PromptBatch, prefix: str) -> ScoredSamples:
+        """Sample and score ``batch`` (``val_samples`` seeds per prompt), log ``<prefix>/reward``, and
+        hand the samples to the callbacks (RewardMetrics' per-prompt tables and diversity)."""
         seeds = range(self.val_seed, self.val_seed + self.val_samples)
         images = torch.cat([self.sample(batch.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
         prompts = list(batch.prompts) * self.val_samples
         rewards, components = self._score(images, prompts)
         self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
         self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
-        return {"rewards": rewards, "reward_components": components, "leaf_prompts": prompts, "images": images}
+        return ScoredSamples(rewards, components, prompts, images)
 
-    def validation_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> ScoredSamples:
         return self._evaluate(batch, "val")
 
-    def test_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+    def test_step(self, batch: PromptBatch, batch_idx: int) -> ScoredSamples:
         return self._evaluate(batch, "test")
 
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:

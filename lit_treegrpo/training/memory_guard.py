@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -34,6 +34,9 @@ from ..core.memory import (
 )
 from ..core.spec import TreeSpec
 from .memory_probe import available_memory, optimizer_state_bytes, probe_training
+
+if TYPE_CHECKING:
+    from ..models.base import DiffusionAdapter
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,7 @@ class TrainingGuard:
 
     def check(
         self,
-        adapter: Any,
+        adapter: DiffusionAdapter,
         spec: TreeSpec,
         cond: Any,
         noise: Tensor,
@@ -283,7 +286,7 @@ class TrainingGuard:
         if not self.settings.enabled:
             return
         saved = probe_training(adapter, spec, cond, noise)
-        checkpointing = bool(getattr(adapter, "gradient_checkpointing", False))
+        checkpointing = adapter.gradient_checkpointing
         params = adapter.trainable_parameters()
         memory = training_memory(
             saved,
@@ -365,7 +368,7 @@ class TrainingGuard:
         )
 
 
-def _fixes(adapter: Any, saved: SavedTensors, checkpointing: bool) -> str:
+def _fixes(adapter: DiffusionAdapter, saved: SavedTensors, checkpointing: bool) -> str:
     """The options that shrink one parent's training memory, for the refusal."""
     fixes = []
     if not checkpointing and saved.activations(True) < saved.activations(False):
@@ -373,7 +376,7 @@ def _fixes(adapter: Any, saved: SavedTensors, checkpointing: bool) -> str:
             "turn on --model.adapter.init_args.gradient_checkpointing (about "
             f"{format_bytes(saved.per_row(True))} per parent instead of {format_bytes(saved.per_row(False))})"
         )
-    if getattr(adapter, "lora", None) is None:
+    if adapter.lora is None:
         fixes.append("train LoRA (--model.adapter.init_args.lora) instead of every weight")
     fixes.append("lower --data.batch_size, the branching or num_trees (the rollout's tree is held while training)")
     return "; ".join(fixes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,9 @@ from torch import Tensor, nn
 from ..core.memory import SavedTensors, count_saved_tensors
 from ..core.rollout import index_cond
 from ..core.spec import TreeSpec
+
+if TYPE_CHECKING:
+    from ..models.base import DiffusionAdapter
 
 
 def mem_available() -> int | None:
@@ -68,7 +71,7 @@ def _checkpoint_regions_known(denoiser: nn.Module | None) -> Iterator[None]:
         denoiser.disable_gradient_checkpointing()
 
 
-def probe_training(adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor) -> SavedTensors:
+def probe_training(adapter: DiffusionAdapter, spec: TreeSpec, cond: Any, noise: Tensor) -> SavedTensors:
     """What autograd saves for one parent of the training pass, counted on the real model
     (:func:`~lit_treegrpo.core.memory.count_saved_tensors`): the model call on one source row at the
     tree's first stochastic step as :func:`~lit_treegrpo.core.rollout.recompute_log_probs` makes it
@@ -87,7 +90,7 @@ def probe_training(adapter: Any, spec: TreeSpec, cond: Any, noise: Tensor) -> Sa
         adapter.step(out[group], x[group], step[group], stochastic=True, prev_sample=x[group])
 
     try:
-        with _checkpoint_regions_known(getattr(adapter, "denoiser", None)):
+        with _checkpoint_regions_known(adapter.denoiser):
             return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
     finally:
         _reshard_fsdp(adapter)

@@ -5,8 +5,9 @@ Every method of the papers is a configuration of this one module (each a preset 
 (DanceGRPO, Flow-GRPO) is a tree with ``num_trees = G`` chains, MixGRPO adds an SDE window,
 TreeGRPO branches inside a window, BranchGRPO splits at fixed steps with fusion advantages and
 pruning. The algorithm itself lives in :mod:`lit_treegrpo.core`; this file is the Lightning glue,
-with parts of it in their own files: the policy update
-(:class:`~lit_treegrpo.training.update.PolicyUpdate`), the checkpoint hooks
+with parts of it in their own files: the trees a step grows, scores, backs up and prunes
+(:class:`~lit_treegrpo.training.growth.TreeGrowth`, which the ``TreeView`` callback draws too), the
+policy update (:class:`~lit_treegrpo.training.update.PolicyUpdate`), the checkpoint hooks
 (:class:`~lit_treegrpo.training.checkpoint_state.CheckpointState`) and the deterministic sampling of
 validation / test / predict (:class:`~lit_treegrpo.training.evaluation.Evaluation`); FSDP2
 sharding is :class:`~lit_treegrpo.training.sharding.Sharding`'s.
@@ -32,11 +33,11 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from ..core.advantages import tree_advantages
 from ..core.compute import Compute, ComputeCost
 from ..core.loss import ClippedPolicyLoss
-from ..core.pruning import PruningConfig, PruningSchedule, prune
-from ..core.rollout import RolloutTree, rollout, root_noise
+from ..core.pruning import PruningConfig, PruningSchedule
+from ..core.rollout import RolloutTree
+from ..core.samples import ScoredSamples
 from ..core.seeding import generator
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.prompt_stream import PromptBatch
@@ -46,6 +47,7 @@ from ..rewards import RewardModel, build_rewards
 from .checkpoint_state import CheckpointState
 from .evaluation import Evaluation
 from .faults import FaultLedger, FaultPolicy, StepPlan
+from .growth import TreeGrowth
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
 from .resume import (
     ConfiguredOptimizer,
@@ -57,7 +59,7 @@ from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 from .update import PolicyUpdate
 
 
-class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
+class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
     """Tree-structured GRPO on a diffusion adapter.
 
     Args:
@@ -143,7 +145,7 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
             limits=rollout,
         )
         self.adapter = adapter
-        self.reward = build_rewards(reward, reward_kwargs or {}, video=getattr(adapter, "makes_video", False))
+        self.reward = build_rewards(reward, reward_kwargs or {}, video=adapter.makes_video)
         self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
         self.tree = tree
         self.rollout_limits = rollout
@@ -236,58 +238,36 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         return scores.total.float(), {k: v.float() for k, v in scores.components.items()}
 
     # ------------------------------------------------------------------------ training
-    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
-        """Roll out one tree per prompt, score its leaves, back up advantages, prune, and update the
-        policy on the kept edges. Faults go through :attr:`fault_ledger`."""
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, ScoredSamples]:
+        """Roll out one tree per prompt, score its leaves, back up advantages, prune (:meth:`grow`),
+        and update the policy on the kept edges. Faults go through :attr:`fault_ledger`. The
+        callbacks receive the leaves that trained as :class:`~lit_treegrpo.core.samples.ScoredSamples`
+        (``ScoredSamples.of(outputs)``)."""
         self._check_stream(batch)
         timer, ledger, prompts = PhaseTimer(self.adapter.device), self.fault_ledger, batch.prompts
-        spec = self.tree.at(self.iteration, self.seed)
         first = self._first_position(batch)
-        gens = self._generators(0, first, len(prompts))
-        cond = self.adapter.encode_prompts(prompts)
-        noise = root_noise(self.adapter.initial_noise, gens, spec)  # [P * num_trees, *S]
-        self._guard_memory(spec, cond, noise, len(prompts))
-        tree = rollout(
-            self.adapter.predict,
-            self.adapter.step,
-            spec,
-            cond,
-            noise,
-            generator=gens,
-            max_batch=self.rollout_limits.max_batch,
-        )
-        timer.lap("rollout")
-
-        leaf_prompts = [prompts[i] for i in tree.leaf_prompt.tolist()]
-        images = self.adapter.decode(tree.leaf_latents)  # [L, 3, H, W]
-        scored = ledger.score(self._score, images, leaf_prompts, self.iteration)
-        timer.lap("reward")
-
-        screened = ledger.screen(scored.rewards, tree.leaf_prompt, len(prompts))
-        advantages = self._advantages(tree, screened.rewards)  # [E]
-        pruning = self.pruning_at(spec)
-        keep = prune(tree, advantages, pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
-        timer.lap("advantages")
+        grown = self.grow(prompts, self._generators(0, first, len(prompts)), timer=timer, guard=True)
+        tree, scored = grown.tree, grown.scored
 
         plan = ledger.tally(
             scored,
-            screened,
-            keep,
+            grown.screened,
+            grown.keep,
             prompts,
             tree.leaf_prompt,
             iteration=self.iteration,
             sum_over_ranks=self._sum_over_ranks,
         )
-        self._warn_if_nothing_kept(plan, tree, pruning)
-        update = self._update(tree, cond, advantages, keep, first) if plan.train else NO_UPDATE
+        self._warn_if_nothing_kept(plan, tree, grown.pruning)
+        update = self._update(tree, grown.cond, grown.advantages, grown.keep, first) if plan.train else NO_UPDATE
         timer.lap("train")
         ledger.end_step(plan, update.steps, update.fault, self.iteration)
 
         self.iteration += 1
-        spent = update.compute + Compute(sampling=tree.nfe, reward_images=len(leaf_prompts))
+        spent = update.compute + Compute(sampling=tree.nfe, reward_images=len(grown.leaf_prompts))
         self.compute_spent = self.compute_spent + spent
-        self._log_step(scored.rewards, tree, keep, advantages, update, len(prompts), timer.laps, spent)
-        return step_outputs(scored, screened, tree.leaf_prompt, leaf_prompts, images)
+        self._log_step(scored.rewards, tree, grown.keep, grown.advantages, update, len(prompts), timer.laps, spent)
+        return step_outputs(scored, grown.screened, tree.leaf_prompt, grown.leaf_prompts, grown.images).as_step_output()
 
     def _check_stream(self, batch: PromptBatch) -> None:
         if batch.index != self.iteration:
@@ -295,21 +275,6 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
                 f"data stream at batch {batch.index} but the module at iteration {self.iteration}; "
                 "resume through the Trainer (--ckpt_path) so both restart together"
             )
-
-    def _advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
-        """[E] one advantage per recorded edge from the leaves' rewards [L]."""
-        a = self.advantage
-        return tree_advantages(
-            rewards,
-            tree.edge_parent,
-            tree.leaf_edge,
-            tree.leaf_prompt,
-            method=a.method,
-            edge_old_log_prob=tree.edge_old_log_prob,
-            beta=a.beta,
-            clip=a.clip,
-            std_scope=a.std_scope,
-        )
 
     def pruning_at(self, spec: TreeSpec) -> PruningConfig:
         """This iteration's pruning: ``--model.pruning``, or the attached schedule's (``spec``: the

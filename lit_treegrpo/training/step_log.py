@@ -1,5 +1,5 @@
 """What one training step records: phase timings (:class:`PhaseTimer`), what the policy-gradient
-update did (:class:`Update`), the metrics the module logs (:func:`step_metrics`) and the outputs the
+update did (:class:`Update`), the metrics the module logs (:func:`step_metrics`) and the samples the
 callbacks receive (:func:`step_outputs`)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from torch import Tensor
 from ..core.compute import Compute, ComputeCost
 from ..core.loss import LossOutput
 from ..core.rollout import RolloutTree
+from ..core.samples import ScoredSamples
 from .faults import Scored, Screened
 
 
@@ -123,21 +124,17 @@ def step_metrics(
 
 def step_outputs(
     scored: Scored, screened: Screened, leaf_prompt: Tensor, leaf_prompts: list[str], images: Tensor
-) -> dict[str, Any]:
-    """What the callbacks receive from a training step: rewards [L'], their components, the leaf
-    prompts and images [L', 3, H, W] of the prompts that trained (all ``L`` leaves, without a copy
-    of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's prompt index."""
+) -> ScoredSamples:
+    """What the callbacks receive from a training step: the rewards [L'], their components, the
+    prompts and images [L', 3, H, W] of the leaves of the prompts that trained (all ``L`` leaves,
+    without a copy of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's
+    prompt index."""
     if not screened.dropped.any():
-        return {
-            "rewards": scored.rewards.detach(),
-            "reward_components": scored.components,
-            "leaf_prompts": leaf_prompts,
-            "images": images,
-        }
+        return ScoredSamples(scored.rewards.detach(), scored.components, leaf_prompts, images)
     kept = screened.kept_leaves(leaf_prompt)  # [L]
-    return {
-        "rewards": scored.rewards.detach()[kept],
-        "reward_components": {k: v[kept] for k, v in scored.components.items()},
-        "leaf_prompts": [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
-        "images": images[kept],
-    }
+    return ScoredSamples(
+        scored.rewards.detach()[kept],
+        {k: v[kept] for k, v in scored.components.items()},
+        [p for p, k in zip(leaf_prompts, kept.tolist()) if k],
+        images[kept],
+    )

@@ -1,8 +1,8 @@
 """A stand-in for TreeGRPOModule with the interface the callbacks rely on, over a real tiny SD3.
 
 ``adapter``, ``pruning``, ``iteration`` (completed steps, bumped at the end of ``training_step`` and
-checkpointed), ``sample(prompts, seed)``, and step outputs ``{"rewards", "reward_components",
-"leaf_prompts"}``. Rewards are computed from the decoded images (brightness and redness); a training
+checkpointed), ``sample(prompts, seed)``, and step outputs :class:`ScoredSamples` (without images;
+a training step's in Lightning's mapping, as the module returns it). Rewards are computed from the decoded images (brightness and redness); a training
 step takes one real optimizer step on the LoRA parameters.
 """
 
@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lit_treegrpo.core.pruning import PruningConfig
+from lit_treegrpo.core.samples import ScoredSamples
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
 
@@ -51,7 +52,7 @@ class StandIn(pl.LightningModule):
         self.lr = lr
         self.nan_prompt = nan_prompt
         self.seen_pruning: list[tuple[int, PruningConfig]] = []
-        self.train_outputs: list[dict[str, Any]] = []
+        self.train_outputs: list[ScoredSamples] = []
         self.val_weights: list[list[Tensor]] = []  # trainable weights seen by each validation
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -66,7 +67,7 @@ class StandIn(pl.LightningModule):
             x = a.step(a.predict(x, i, cond), x, i, stochastic=False).prev_sample
         return a.decode(x)  # [P, 3, H, W]
 
-    def training_step(self, batch: list[str], batch_idx: int) -> dict[str, Any]:
+    def training_step(self, batch: list[str], batch_idx: int) -> dict[str, ScoredSamples]:
         pruning = (
             self.pruning
             if self.pruning_schedule is None
@@ -92,15 +93,15 @@ class StandIn(pl.LightningModule):
         self.manual_backward(loss)
         opt.step()
         self.iteration += 1
-        out = {"rewards": rewards, "reward_components": components, "leaf_prompts": leaf_prompts}
+        out = ScoredSamples(rewards, components, leaf_prompts)
         self.train_outputs.append(out)
-        return out
+        return out.as_step_output()
 
-    def validation_step(self, batch: list[str], batch_idx: int) -> dict[str, Any]:
+    def validation_step(self, batch: list[str], batch_idx: int) -> ScoredSamples:
         if batch_idx == 0:
             self.val_weights.append([p.detach().clone() for p in self.adapter.trainable_parameters()])
         rewards, components = score(self.sample(batch, seed=7))
-        return {"rewards": rewards, "reward_components": components, "leaf_prompts": list(batch)}
+        return ScoredSamples(rewards, components, list(batch))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["iteration"] = self.iteration

@@ -83,14 +83,14 @@ def test_reward_scalars_match_the_step_outputs(run) -> None:
     def close(values: list[float], expected: list[float]) -> None:
         assert values == pytest.approx(expected, rel=1e-6, abs=1e-7)
 
-    rewards = [o["rewards"].double() for o in outputs]
+    rewards = [o.rewards.double() for o in outputs]
     close(logged("reward/mean"), [r.mean().item() for r in rewards])
     close(logged("reward/std"), [r.std(unbiased=False).item() for r in rewards])
     close(logged("reward/max"), [r.max().item() for r in rewards])
     close(logged("reward/min"), [r.min().item() for r in rewards])
-    bright = [o["reward_components"]["brightness"].double() for o in outputs]
+    bright = [o.reward_components["brightness"].double() for o in outputs]
     close(logged("reward/brightness/mean"), [b.mean().item() for b in bright])
-    close(logged("reward/redness/max"), [o["reward_components"]["redness"].max().item() for o in outputs])
+    close(logged("reward/redness/max"), [o.reward_components["redness"].max().item() for o in outputs])
     # per-prompt means: each prompt's 2 leaves are consecutive
     per_prompt = [r.view(-1, LEAVES_PER_PROMPT).mean(1) for r in rewards]
     close(logged("reward/prompt_best"), [m.max().item() for m in per_prompt])

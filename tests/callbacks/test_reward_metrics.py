@@ -10,6 +10,7 @@ import torch
 
 from lit_treegrpo.callbacks import RewardMetrics, RewardStats
 from lit_treegrpo.callbacks.reward_metrics import format_table, merge_sums, per_prompt_sums
+from lit_treegrpo.core.samples import ScoredSamples
 
 from .helpers import TRAIN_PROMPTS, StandIn, prompt_loader, trainer
 
@@ -54,10 +55,12 @@ def test_non_finite_reward_names_the_prompts(tmp_path) -> None:
 def test_outputs_without_rewards_are_an_error() -> None:
     cb = RewardMetrics()
     cb.on_train_batch_start(None, SimpleNamespace(iteration=3), None, 0)
-    with pytest.raises(ValueError, match="training step 3 to return a dict with 'rewards'"):
+    with pytest.raises(ValueError, match="training step 3 to return lit_treegrpo.core.ScoredSamples"):
         cb.on_train_batch_end(None, None, {"loss": torch.zeros(())}, None, 0)
-    outputs = {"rewards": torch.zeros(3), "reward_components": {}, "leaf_prompts": ["a", "b"]}
-    with pytest.raises(ValueError, match=r"reward has shape \(3,\) but there are 2 leaf_prompts"):
+    with pytest.raises(ValueError, match="got dict"):  # the old string-keyed outputs
+        cb.on_train_batch_end(None, None, {"rewards": torch.zeros(2), "leaf_prompts": ["a", "b"]}, None, 0)
+    outputs = ScoredSamples(torch.zeros(3), {}, ["a", "b"]).as_step_output()
+    with pytest.raises(ValueError, match=r"reward has shape \(3,\) but there are 2 prompts"):
         cb.on_train_batch_end(None, None, outputs, None, 0)
 
 
@@ -86,11 +89,11 @@ def test_step_logs_hand_numbers_and_ranks_prompts_by_a_component() -> None:
     cb = RewardMetrics(prompt_key="reward/hps")
     module, logged = recording_module()
     single = SimpleNamespace(world_size=1, is_global_zero=True, loggers=[])
-    outputs = {
-        "rewards": torch.tensor([1.0, 3.0, 0.0, 0.0]),
-        "reward_components": {"hps": torch.tensor([0.2, 0.4, 0.9, 0.7])},
-        "leaf_prompts": ["a", "a", "b", "b"],
-    }
+    outputs = ScoredSamples(
+        rewards=torch.tensor([1.0, 3.0, 0.0, 0.0]),
+        reward_components={"hps": torch.tensor([0.2, 0.4, 0.9, 0.7])},
+        prompts=["a", "a", "b", "b"],
+    ).as_step_output()
     cb.on_train_batch_start(single, module, None, 0)
     cb.on_train_batch_end(single, module, outputs, None, 0)
     assert logged["reward/mean"] == (1.0, dict(prog_bar=True, on_step=True, on_epoch=False))
