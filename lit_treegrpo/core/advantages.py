@@ -37,9 +37,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from .choices import check_choice, choices
+
 AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
 StdScope = Literal["group", "global"]
-METHODS: tuple[str, ...] = ("mean", "logprob_softmax", "branch_fusion", "parent_relative")
+METHODS: tuple[str, ...] = choices(AdvantageMethod)
 _DEPTH_STD_FLOOR = 1e-6  # BranchGRPO: a depth group with smaller spread carries no signal
 
 
@@ -174,8 +176,7 @@ def tree_advantages(
         ValueError: non-finite rewards (naming the leaves and prompts), inconsistent shapes, an
             edge without any leaf below it, or a missing ``edge_old_log_prob``.
     """
-    if method not in METHODS:
-        raise ValueError(f"advantage method must be one of {', '.join(METHODS)}; got {method!r}")
+    check_choice("advantage method", method, AdvantageMethod)
     E, L = edge_parent.shape[0], leaf_edge.shape[0]
     if leaf_rewards.ndim != 1:
         raise ValueError(
@@ -194,8 +195,7 @@ def tree_advantages(
             f"non-finite rewards for {leaves.numel()} of {L} leaves (leaves "
             f"{leaves[:8].tolist()}, prompts {sorted(set(leaf_prompt[leaves].tolist()))[:8]})"
         )
-    if std_scope not in ("group", "global"):
-        raise ValueError(f"advantage std_scope must be 'group' or 'global', got {std_scope!r}")
+    check_choice("advantage std_scope", std_scope, StdScope)
     if std_scope == "global" and method == "branch_fusion":
         raise ValueError("advantage std_scope 'global' does not apply to branch_fusion (depth-wise normalisation)")
     needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)

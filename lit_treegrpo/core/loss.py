@@ -25,6 +25,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .choices import check_choice
 from .compute import Compute
 from .rollout import PredictFn, RolloutTree, StepFn, recompute_log_probs
 
@@ -75,10 +76,8 @@ class ClippedPolicyLoss(nn.Module):
             raise ValueError(f"loss.adv_clip must be > 0, got {adv_clip}")
         if kl_beta < 0:
             raise ValueError(f"loss.kl_beta must be >= 0, got {kl_beta}")
-        if aggregation not in ("sum", "mean"):
-            raise ValueError(f"loss.aggregation must be 'sum' or 'mean', got {aggregation!r}")
-        if kl_form not in ("exact", "flow_grpo"):
-            raise ValueError(f"loss.kl_form must be 'exact' or 'flow_grpo', got {kl_form!r}")
+        check_choice("loss.aggregation", aggregation, Aggregation)
+        check_choice("loss.kl_form", kl_form, KLForm)
         self.kl_form = kl_form
         self.clip_low = clip_range
         self.clip_high = clip_range if clip_range_high is None else clip_range_high

@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 
+from .choices import check_choice
 from .seeding import generator
 
 WindowKind = Literal["fixed", "shifting", "geometric", "progressive"]
@@ -74,10 +75,8 @@ class WindowSchedule:
     the end."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("fixed", "shifting", "geometric", "progressive"):
-            raise ValueError(f"window.kind must be one of fixed, shifting, geometric, progressive; got {self.kind!r}")
-        if self.target not in ("branch", "sde"):
-            raise ValueError(f"window.target must be 'branch' or 'sde', got {self.target!r}")
+        check_choice("window.kind", self.kind, WindowKind)
+        check_choice("window.target", self.target, WindowTarget)
         if self.start < 0:
             raise ValueError(f"window.start must be >= 0, got {self.start}")
         if self.shift < 0:

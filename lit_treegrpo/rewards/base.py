@@ -24,12 +24,14 @@ from torch import Tensor, nn
 from lit_treegrpo.common.errors import first_line
 from lit_treegrpo.common.hub import require_hub
 from lit_treegrpo.core.advantages import combine_rewards
+from lit_treegrpo.core.choices import check_choice, choices
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-AGGREGATES: tuple[str, ...] = ("normalize_then_weight", "weighted_sum")
+Aggregate = Literal["normalize_then_weight", "weighted_sum"]
+AGGREGATES: tuple[str, ...] = choices(Aggregate)
 _SHOW = 8  # how many offending indices / prompts an error message lists
 
 T = TypeVar("T")
@@ -351,14 +353,13 @@ class MultiReward(RewardModel):
         self,
         rewards: Mapping[str, RewardModel],
         weights: Mapping[str, float] | None = None,
-        aggregate: Literal["normalize_then_weight", "weighted_sum"] = "normalize_then_weight",
+        aggregate: Aggregate = "normalize_then_weight",
         eps: float = 1e-8,
     ) -> None:
         super().__init__()
         if not rewards:
             raise ValueError("MultiReward: rewards is empty; give at least one name -> reward")
-        if aggregate not in AGGREGATES:
-            raise ValueError(f"MultiReward: aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}")
+        check_choice("MultiReward: aggregate", aggregate, Aggregate)
         for key, reward in rewards.items():
             if not isinstance(reward, RewardModel):
                 raise TypeError(f"MultiReward: reward '{key}' must be a RewardModel, got {type(reward).__name__}")

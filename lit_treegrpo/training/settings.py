@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.advantages import METHODS, AdvantageMethod, StdScope
+from ..core.advantages import AdvantageMethod, StdScope
+from ..core.choices import check_choice
 from ..core.spec import RolloutLimits, TreeSpec
 
 
@@ -31,10 +32,8 @@ class AdvantageSettings:
     ``global_std``). Not for ``branch_fusion``."""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if self.std_scope not in ("group", "global"):
-            raise ValueError(f"advantage.std_scope must be 'group' or 'global', got {self.std_scope!r}")
+        check_choice("advantage.method", self.method, AdvantageMethod)
+        check_choice("advantage.std_scope", self.std_scope, StdScope)
         if self.std_scope == "global" and self.method == "branch_fusion":
             raise ValueError(
                 "advantage.std_scope global does not apply to branch_fusion, which normalises per "
