@@ -22,7 +22,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from ..core.loss import ClippedPolicyLoss
+from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.pruning import PruningConfig
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
@@ -122,11 +122,11 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
         )
     except ValueError as err:
         raise UserError(str(err)) from err
-    if loss is not None and loss.kl_beta > 0 and "lora" in adapter_args and adapter_args["lora"] is None:
-        raise UserError(
-            "--model.loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with "
-            "LoRA disabled); set --model.adapter.init_args.lora or --model.loss.kl_beta 0"
-        )
+    if loss is not None:
+        try:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
+            check_kl_reference(loss.kl_beta, has_lora=adapter_args.get("lora", True) is not None, prefix="--model.")
+        except ValueError as err:
+            raise UserError(str(err)) from err
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")

@@ -33,6 +33,18 @@ Aggregation = Literal["sum", "mean"]
 KLForm = Literal["exact", "flow_grpo"]
 
 
+def check_kl_reference(kl_beta: float, has_lora: bool, prefix: str = "") -> None:
+    """The one statement of "``kl_beta`` needs LoRA": the KL reference is the model with its LoRA
+    disabled, so ``kl_beta > 0`` needs an adapter with ``lora``. The module checks it when built, the
+    command line before any weights load (``prefix="--model."``), and the adapter's ``reference()``
+    when asked for a reference without LoRA."""
+    if kl_beta > 0 and not has_lora:
+        raise ValueError(
+            f"{prefix}loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with LoRA "
+            f"disabled); set {prefix}adapter.init_args.lora or {prefix}loss.kl_beta 0"
+        )
+
+
 class LossOutput(NamedTuple):
     """The loss to backpropagate and its statistics (detached scalars)."""
 

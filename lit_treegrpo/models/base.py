@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.hub import require_hub
+from ..core.loss import check_kl_reference
 from ..core.steps import StepOutput
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
 
@@ -254,11 +256,7 @@ class DiffusionAdapter(nn.Module, ABC):
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
         """Run the frozen base model (LoRA disabled): the KL reference of Flow-GRPO."""
-        if self.lora is None:
-            raise ValueError(
-                "a KL reference needs LoRA (the reference is the model with adapters disabled); "
-                "set the adapter's lora option or loss.kl_beta=0"
-            )
+        check_kl_reference(kl_beta=math.inf, has_lora=self.lora is not None)  # a reference is asked for: kl_beta > 0
         self.denoiser.disable_adapters()
         try:
             yield

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..core.advantages import tree_advantages
 from ..core.compute import Compute, ComputeCost
-from ..core.loss import ClippedPolicyLoss
+from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.pruning import PruningConfig, PruningSchedule, prune
 from ..core.rollout import RolloutTree, rollout, root_noise
 from ..core.seeding import generator
@@ -149,8 +149,7 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         self.rollout_limits = rollout
         self.advantage = advantage
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
-        if self.loss_fn.kl_beta > 0 and adapter.lora is None:
-            raise ValueError("loss.kl_beta > 0 needs the adapter's lora (the reference is LoRA disabled)")
+        check_kl_reference(self.loss_fn.kl_beta, has_lora=adapter.lora is not None)
         if (
             self.loss_fn.kl_beta > 0
             and self.loss_fn.kl_form == "flow_grpo"

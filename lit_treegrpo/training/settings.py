@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.advantages import AdvantageMethod, StdScope
-from ..core.choices import check_choice
+from ..core.advantages import AdvantageMethod, StdScope, check_advantage_options
 from ..core.spec import RolloutLimits, TreeSpec
 
 
@@ -32,13 +31,7 @@ class AdvantageSettings:
     ``global_std``). Not for ``branch_fusion``."""
 
     def __post_init__(self) -> None:
-        check_choice("advantage.method", self.method, AdvantageMethod)
-        check_choice("advantage.std_scope", self.std_scope, StdScope)
-        if self.std_scope == "global" and self.method == "branch_fusion":
-            raise ValueError(
-                "advantage.std_scope global does not apply to branch_fusion, which normalises per "
-                "depth; use std_scope group"
-            )
+        check_advantage_options(self.method, self.std_scope, prefix="advantage.")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
 

@@ -92,6 +92,9 @@ def test_flow_grpo_kl_trains_on_a_flow_adapter_and_is_refused_elsewhere(tmp_path
         TreeGRPOModule(
             TinySD15Adapter(num_steps=T), Brightness(), SPEC, loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo")
         )
+    # the rule is core.loss.check_kl_reference's; the module, the CLI and the adapter all ask it
+    with pytest.raises(ValueError, match=r"^loss.kl_beta > 0 needs the adapter's lora .*; set adapter.init_args.lora"):
+        TreeGRPOModule(TinySD15Adapter(num_steps=T, lora=None), Brightness(), SPEC, loss=ClippedPolicyLoss(kl_beta=0.1))
 
 
 class _Counting(torch.optim.SGD):
@@ -172,7 +175,7 @@ def test_bad_advantage_settings_are_named() -> None:
         AdvantageSettings(clip=0.0)
     with pytest.raises(ValueError, match="advantage.std_scope must be 'group' or 'global'"):
         AdvantageSettings(std_scope="batch")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="advantage.std_scope global does not apply to branch_fusion"):
+    with pytest.raises(ValueError, match="advantage.std_scope 'global' does not apply to branch_fusion"):
         AdvantageSettings(method="branch_fusion", std_scope="global")
 
 
