@@ -118,7 +118,7 @@ def test_loading_a_saved_pipeline_reproduces_it(name: str, tmp_path) -> None:
 @pytest.mark.parametrize("adapter_cls", [SD15Adapter, SD3Adapter])
 def test_missing_weights_give_one_line_errors(adapter_cls, tmp_path) -> None:
     missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError, match="no such folder") as err:
+    with pytest.raises(FileNotFoundError, match="no such file or folder") as err:
         adapter_cls(str(missing))
     assert str(missing) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE") as err:
