@@ -107,6 +107,12 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     adapter = model.get("adapter")
     adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
     adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
+    if adapter_args.get("num_steps") is not None:  # the adapter owns the number of steps
+        try:
+            tree = tree.with_num_steps(adapter_args["num_steps"], prefix="--model.")
+        except ValueError as err:  # another num_steps (named already), or a step out of the adapter's range
+            text = str(err)
+            raise UserError(text if text.startswith("--model.") else f"--model.tree: {text}") from err
     try:
         check_settings(
             tree,
@@ -116,7 +122,6 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
             grad_clip=model["grad_clip"],
             val_samples=model["val_samples"],
             edges_per_update=model["edges_per_update"],
-            adapter_num_steps=adapter_args.get("num_steps"),
             limits=limits,
             prefix="--model.",
         )
@@ -249,7 +254,8 @@ def configured_fingerprint(config: Any) -> dict[str, Any]:
         found["adapter_config"] = args
         if "num_steps" in args:
             found["num_steps"] = args["num_steps"]
-    found["tree"] = asdict(TreeSpec.from_dict(_plain(model["tree"])))
+    tree = TreeSpec.from_dict(_plain(model["tree"]))
+    found["tree"] = asdict(tree if "num_steps" not in found else tree.with_num_steps(found["num_steps"]))
     found["reward"] = reward_record(_plain(model.get("reward")))
     found["reward_kwargs"] = _plain(model.get("reward_kwargs")) or {}
     found["advantage"] = plain(AdvantageSettings(**_plain(model["advantage"])))

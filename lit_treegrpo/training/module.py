@@ -131,6 +131,7 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
         compute_cost: ComputeCost = ComputeCost(),
     ) -> None:
         super().__init__()
+        tree = tree.with_num_steps(adapter.num_steps)  # the adapter owns the number of steps
         check_settings(
             tree,
             minibatches=minibatches,
@@ -139,7 +140,6 @@ class TreeGRPOModule(PolicyUpdate, CheckpointState, Evaluation, Sharding, Lightn
             grad_clip=grad_clip,
             val_samples=val_samples,
             edges_per_update=edges_per_update,
-            adapter_num_steps=adapter.num_steps,
             limits=rollout,
         )
         self.adapter = adapter

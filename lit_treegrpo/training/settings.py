@@ -45,18 +45,14 @@ def check_settings(
     grad_clip: float | None,
     val_samples: int = 1,
     edges_per_update: int | None = None,
-    adapter_num_steps: int | None = None,
     limits: RolloutLimits | None = None,
     prefix: str = "",
 ) -> None:
     """The module's checks that need no model (the CLI runs them before any weights load);
-    ``prefix`` (``"--model."``) turns the names in the messages into command-line options."""
-    if adapter_num_steps is not None and tree.num_steps != adapter_num_steps:
-        raise ValueError(
-            f"{prefix}tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
-            f"{adapter_num_steps}; set both to the same value"
-        )
-    if tree.num_edges() == 0:
+    ``prefix`` (``"--model."``) turns the names in the messages into command-line options. The
+    tree's checks need its ``num_steps`` (:meth:`TreeSpec.with_num_steps` fills in the adapter's);
+    a tree still without it skips them."""
+    if tree.num_steps is not None and tree.num_edges() == 0:
         raise ValueError(f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps")
     if tree.num_leaves == 1:
         # rewards are normalised among the leaves of a prompt: a single leaf is always 0

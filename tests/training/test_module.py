@@ -156,7 +156,7 @@ def test_a_nan_reward_stops_training_naming_the_reward_and_prompt(tmp_path) -> N
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(tree=TreeSpec(5)), "tree.num_steps=5 but the adapter samples with num_steps=3"),
+        (dict(tree=TreeSpec(5)), "tree.num_steps=5 but the adapter samples with num_steps=3; leave tree.num_steps out"),
         (dict(minibatches=0), "minibatches must be >= 1"),
         (dict(grad_clip=0.0), "grad_clip must be > 0"),
         (dict(reward={}), "mapping is empty"),
@@ -166,6 +166,11 @@ def test_a_nan_reward_stops_training_naming_the_reward_and_prompt(tmp_path) -> N
 def test_bad_module_options_are_named(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         module(**kwargs)
+
+
+def test_the_tree_takes_the_adapters_num_steps() -> None:
+    model = module(tree=TreeSpec(branch_steps=SPEC.branch_steps, branching=SPEC.branching))
+    assert model.tree == SPEC.with_num_steps(T) and model.tree.num_steps == model.adapter.num_steps == T
 
 
 def test_bad_advantage_settings_are_named() -> None:
