@@ -27,8 +27,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lit_treegrpo.core.choices import choices, listing
+
 ApplyOn = Literal["validation", "sample_grid"]
-APPLY_ON: tuple[ApplyOn, ...] = ("validation", "sample_grid")
+APPLY_ON: tuple[ApplyOn, ...] = choices(ApplyOn)
 
 
 class EMA(Callback):
@@ -62,7 +64,7 @@ class EMA(Callback):
             raise ValueError(f"EMA.apply_on must be a list of names, got the string {apply_on!r}")
         unknown = [a for a in apply_on if a not in APPLY_ON]
         if unknown:
-            raise ValueError(f"EMA.apply_on accepts {', '.join(APPLY_ON)}; got {unknown}")
+            raise ValueError(f"EMA.apply_on accepts {listing(APPLY_ON)}; got {unknown}")
         self.decay = float(decay)
         self.start_step = start_step
         self.every_n_steps = every_n_steps

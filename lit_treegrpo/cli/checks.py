@@ -22,7 +22,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from ..core.loss import ClippedPolicyLoss
+from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.pruning import PruningConfig
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
@@ -107,6 +107,12 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     adapter = model.get("adapter")
     adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
     adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
+    if adapter_args.get("num_steps") is not None:  # the adapter owns the number of steps
+        try:
+            tree = tree.with_num_steps(adapter_args["num_steps"], prefix="--model.")
+        except ValueError as err:  # another num_steps (named already), or a step out of the adapter's range
+            text = str(err)
+            raise UserError(text if text.startswith("--model.") else f"--model.tree: {text}") from err
     try:
         check_settings(
             tree,
@@ -116,17 +122,16 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
             grad_clip=model["grad_clip"],
             val_samples=model["val_samples"],
             edges_per_update=model["edges_per_update"],
-            adapter_num_steps=adapter_args.get("num_steps"),
             limits=limits,
             prefix="--model.",
         )
     except ValueError as err:
         raise UserError(str(err)) from err
-    if loss is not None and loss.kl_beta > 0 and "lora" in adapter_args and adapter_args["lora"] is None:
-        raise UserError(
-            "--model.loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with "
-            "LoRA disabled); set --model.adapter.init_args.lora or --model.loss.kl_beta 0"
-        )
+    if loss is not None:
+        try:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
+            check_kl_reference(loss.kl_beta, has_lora=adapter_args.get("lora", True) is not None, prefix="--model.")
+        except ValueError as err:
+            raise UserError(str(err)) from err
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")
@@ -249,7 +254,8 @@ def configured_fingerprint(config: Any) -> dict[str, Any]:
         found["adapter_config"] = args
         if "num_steps" in args:
             found["num_steps"] = args["num_steps"]
-    found["tree"] = asdict(TreeSpec.from_dict(_plain(model["tree"])))
+    tree = TreeSpec.from_dict(_plain(model["tree"]))
+    found["tree"] = asdict(tree if "num_steps" not in found else tree.with_num_steps(found["num_steps"]))
     found["reward"] = reward_record(_plain(model.get("reward")))
     found["reward_kwargs"] = _plain(model.get("reward_kwargs")) or {}
     found["advantage"] = plain(AdvantageSettings(**_plain(model["advantage"])))

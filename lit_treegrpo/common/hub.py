@@ -3,11 +3,16 @@
 Without ``HF_HUB_OFFLINE`` and without a network, the hub clients retry for minutes before they
 give up. Every loader here first checks the local cache; only a repository that is not cached is
 fetched, and only once one bounded connection probe has found the hub's endpoint reachable.
+
+:func:`local_or_hub_id` is the one rule, for models and rewards alike, that tells a local path from
+a hub id.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 from urllib.parse import urlparse
 
 PROBE_SECONDS = 5.0
@@ -50,3 +55,36 @@ def require_hub(repo_id: str) -> None:
         raise OSError(f"{repo_id} is not in the local hub cache and HF_HUB_OFFLINE is set")
     if not hub_reachable():
         raise OSError(f"{repo_id} is not in the local hub cache and {constants.ENDPOINT} is unreachable")
+
+
+def starts_like_path(spec: str | os.PathLike[str]) -> bool:
+    """Whether ``spec`` is a path by its form alone: a ``Path``, or text that starts with ``/``, ``.``
+    or ``~``, or holds an OS path separator other than ``/`` (a hub id never does)."""
+    if isinstance(spec, os.PathLike):
+        return True
+    text = str(spec)
+    separators = {os.sep, os.altsep} - {None, "/"}
+    return text.startswith(("/", ".", "~")) or any(sep in text for sep in separators)
+
+
+def looks_like_path(spec: str | os.PathLike[str]) -> bool:
+    """:func:`starts_like_path`, or more than one ``/``: a hub id is ``name`` or ``org/name``."""
+    return starts_like_path(spec) or str(spec).count("/") > 1
+
+
+def local_or_hub_id(spec: str | os.PathLike[str]) -> str | None:
+    """Where a model or reward source lives: ``None`` for a local path, else its hub id.
+
+    One rule, in this order:
+
+    1. an existing file or folder (``~`` expanded) is local: ``None``;
+    2. anything else that looks like a path (:func:`looks_like_path`: a ``Path``; text starting with
+       ``/``, ``.`` or ``~``; an OS separator other than ``/``; more than one ``/``) is a missing path:
+       ``FileNotFoundError`` naming it;
+    3. the rest (``org/name`` or ``name``) is a hub id, returned as text.
+    """
+    if Path(spec).expanduser().exists():
+        return None
+    if looks_like_path(spec):
+        raise FileNotFoundError(f"no such file or folder '{spec}'")
+    return str(spec)

@@ -7,6 +7,8 @@
 - :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
 - :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
+- :mod:`.choices`: :func:`check_choice`, an option checked against its ``Literal`` (choices read
+  from the type, never re-typed).
 - :mod:`.compute`: :class:`Compute` (counted model work of a step) and :class:`ComputeCost` (units).
 - :mod:`.samples`: :class:`ScoredSamples`, the samples and rewards a step hands the callbacks.
 - :mod:`.memory`: the memory a rollout and a training pass need, counted from shapes (arithmetic;

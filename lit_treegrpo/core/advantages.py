@@ -37,9 +37,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from .choices import check_choice, choices
+
 AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
 StdScope = Literal["group", "global"]
-METHODS: tuple[str, ...] = ("mean", "logprob_softmax", "branch_fusion", "parent_relative")
+METHODS: tuple[str, ...] = choices(AdvantageMethod)
 _DEPTH_STD_FLOOR = 1e-6  # BranchGRPO: a depth group with smaller spread carries no signal
 
 
@@ -137,6 +139,19 @@ def path_pairs(edge_parent: Tensor, leaf_edge: Tensor, edge_old_log_prob: Tensor
     return PathPairs(leaf_idx, path[leaf_idx, col], col, lp_below[leaf_idx, col])
 
 
+def check_advantage_options(method: str, std_scope: str, prefix: str = "") -> None:
+    """The method and std scope are choices of their ``Literal``s, and ``std_scope`` ``global`` does
+    not combine with ``branch_fusion`` (which normalises per depth): the one statement of these
+    rules, for :func:`tree_advantages` and the module's advantage settings."""
+    check_choice(f"{prefix}method", method, AdvantageMethod)
+    check_choice(f"{prefix}std_scope", std_scope, StdScope)
+    if std_scope == "global" and method == "branch_fusion":
+        raise ValueError(
+            f"{prefix}std_scope 'global' does not apply to branch_fusion, which normalises per depth; "
+            f"use {prefix}std_scope 'group'"
+        )
+
+
 def tree_advantages(
     leaf_rewards: Tensor,
     edge_parent: Tensor,
@@ -174,8 +189,7 @@ def tree_advantages(
         ValueError: non-finite rewards (naming the leaves and prompts), inconsistent shapes, an
             edge without any leaf below it, or a missing ``edge_old_log_prob``.
     """
-    if method not in METHODS:
-        raise ValueError(f"advantage method must be one of {', '.join(METHODS)}; got {method!r}")
+    check_advantage_options(method, std_scope, prefix="advantage ")
     E, L = edge_parent.shape[0], leaf_edge.shape[0]
     if leaf_rewards.ndim != 1:
         raise ValueError(
@@ -194,10 +208,6 @@ def tree_advantages(
             f"non-finite rewards for {leaves.numel()} of {L} leaves (leaves "
             f"{leaves[:8].tolist()}, prompts {sorted(set(leaf_prompt[leaves].tolist()))[:8]})"
         )
-    if std_scope not in ("group", "global"):
-        raise ValueError(f"advantage std_scope must be 'group' or 'global', got {std_scope!r}")
-    if std_scope == "global" and method == "branch_fusion":
-        raise ValueError("advantage std_scope 'global' does not apply to branch_fusion (depth-wise normalisation)")
     needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)
     if needs_lp and (edge_old_log_prob is None or edge_old_log_prob.shape != (E,)):
         raise ValueError(f"method {method!r} needs edge_old_log_prob of shape [{E}]")

@@ -25,11 +25,24 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .choices import check_choice
 from .compute import Compute
 from .rollout import PredictFn, RolloutTree, StepFn, recompute_log_probs
 
 Aggregation = Literal["sum", "mean"]
 KLForm = Literal["exact", "flow_grpo"]
+
+
+def check_kl_reference(kl_beta: float, has_lora: bool, prefix: str = "") -> None:
+    """The one statement of "``kl_beta`` needs LoRA": the KL reference is the model with its LoRA
+    disabled, so ``kl_beta > 0`` needs an adapter with ``lora``. The module checks it when built, the
+    command line before any weights load (``prefix="--model."``), and the adapter's ``reference()``
+    when asked for a reference without LoRA."""
+    if kl_beta > 0 and not has_lora:
+        raise ValueError(
+            f"{prefix}loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with LoRA "
+            f"disabled); set {prefix}adapter.init_args.lora or {prefix}loss.kl_beta 0"
+        )
 
 
 class LossOutput(NamedTuple):
@@ -75,10 +88,8 @@ class ClippedPolicyLoss(nn.Module):
             raise ValueError(f"loss.adv_clip must be > 0, got {adv_clip}")
         if kl_beta < 0:
             raise ValueError(f"loss.kl_beta must be >= 0, got {kl_beta}")
-        if aggregation not in ("sum", "mean"):
-            raise ValueError(f"loss.aggregation must be 'sum' or 'mean', got {aggregation!r}")
-        if kl_form not in ("exact", "flow_grpo"):
-            raise ValueError(f"loss.kl_form must be 'exact' or 'flow_grpo', got {kl_form!r}")
+        check_choice("loss.aggregation", aggregation, Aggregation)
+        check_choice("loss.kl_form", kl_form, KLForm)
         self.kl_form = kl_form
         self.clip_low = clip_range
         self.clip_high = clip_range if clip_range_high is None else clip_range_high

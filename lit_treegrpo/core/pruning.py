@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .advantages import PathPairs, path_pairs
+from .choices import check_choice
 from .rollout import RolloutTree
 from .seeding import generator
 
@@ -59,8 +60,7 @@ class PruningConfig:
     """Train only edges recorded at these denoising steps; ``None`` trains every step."""
 
     def __post_init__(self) -> None:
-        if self.width not in ("none", "parent_top1", "extreme", "ratio"):
-            raise ValueError(f"pruning.width must be none, parent_top1, extreme or ratio; got {self.width!r}")
+        check_choice("pruning.width", self.width, WidthPruning)
         if self.extreme_n < 1:
             raise ValueError(f"pruning.extreme_n must be >= 1, got {self.extreme_n}")
         if not 0.0 < self.ratio <= 1.0:
@@ -69,8 +69,7 @@ class PruningConfig:
             lo, hi = self.depth_window
             if not 0 <= lo < hi:
                 raise ValueError(f"pruning.depth_window must be [lo, hi) with 0 <= lo < hi, got {self.depth_window}")
-        if self.depth_mode not in ("drop", "keep"):
-            raise ValueError(f"pruning.depth_mode must be 'drop' or 'keep', got {self.depth_mode!r}")
+        check_choice("pruning.depth_mode", self.depth_mode, DepthMode)
         if self.steps is not None:
             object.__setattr__(self, "steps", tuple(int(t) for t in self.steps))  # lists from YAML
             if any(t < 0 for t in self.steps):
@@ -225,8 +224,7 @@ class PruningSchedule:
 
     def __post_init__(self) -> None:
         name = "PruningSchedule"
-        if self.width not in ("none", "parent_top1", "extreme", "ratio"):
-            raise ValueError(f"{name}.width must be none, parent_top1, extreme or ratio; got {self.width!r}")
+        check_choice(f"{name}.width", self.width, WidthPruning)
         for field, value in (
             ("width_fraction", self.width_fraction),
             ("ratio", self.ratio),
@@ -243,10 +241,8 @@ class PruningSchedule:
         for field, value in (("depth_shift", self.depth_shift), ("depth_start", self.depth_start)):
             if value < 0:
                 raise ValueError(f"{name}.{field} must be >= 0, got {value}")
-        if self.depth_direction not in ("deeper", "shallower"):
-            raise ValueError(f"{name}.depth_direction must be 'deeper' or 'shallower', got {self.depth_direction!r}")
-        if self.depth_mode not in ("drop", "keep"):
-            raise ValueError(f"{name}.depth_mode must be 'drop' or 'keep', got {self.depth_mode!r}")
+        check_choice(f"{name}.depth_direction", self.depth_direction, Direction)
+        check_choice(f"{name}.depth_mode", self.depth_mode, DepthMode)
         stop, start = self.depth_stop, self.depth_start
         if stop is not None:
             if stop < 0:

@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 
+from .choices import check_choice
 from .seeding import generator
 
 WindowKind = Literal["fixed", "shifting", "geometric", "progressive"]
@@ -74,10 +75,8 @@ class WindowSchedule:
     the end."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("fixed", "shifting", "geometric", "progressive"):
-            raise ValueError(f"window.kind must be one of fixed, shifting, geometric, progressive; got {self.kind!r}")
-        if self.target not in ("branch", "sde"):
-            raise ValueError(f"window.target must be 'branch' or 'sde', got {self.target!r}")
+        check_choice("window.kind", self.kind, WindowKind)
+        check_choice("window.target", self.target, WindowTarget)
         if self.start < 0:
             raise ValueError(f"window.start must be >= 0, got {self.start}")
         if self.shift < 0:
@@ -154,8 +153,11 @@ class RolloutLimits:
 class TreeSpec:
     """Shape of the rollout tree grown from each prompt. Validated on construction."""
 
-    num_steps: int
-    """Denoising steps T of every trajectory (NFE of one plain sample, without CFG)."""
+    num_steps: int | None = None
+    """Denoising steps T of every trajectory (NFE of one plain sample, without CFG). The adapter
+    owns it: ``None`` (the default; no shipped config states it) takes the adapter's ``num_steps``
+    when the module is built (:meth:`with_num_steps`), and a value other than the adapter's is
+    refused. A tree used without a module (``core.rollout`` directly) gives it here."""
     branch_steps: tuple[int, ...] = ()
     """Steps (0-based, ascending) at which every node splits into ``branching`` children."""
     branching: int | tuple[int, ...] = 2
@@ -181,6 +183,8 @@ class TreeSpec:
         if not isinstance(self.branching, int):
             object.__setattr__(self, "branching", tuple(int(k) for k in self.branching))
         T = self.num_steps
+        if T is None:
+            return  # checked once the adapter's number of steps is filled in (with_num_steps)
         if T < 1:
             raise ValueError(f"num_steps must be >= 1, got {T}")
         if not 1 <= self.ode_tail <= T:
@@ -225,6 +229,20 @@ class TreeSpec:
             raise ValueError(f"num_trees must be >= 1, got {self.num_trees}")
         if self.window is not None:
             self.window.offset(0, self._window_max_offset())  # raises if it cannot be placed
+
+    def with_num_steps(self, num_steps: int, prefix: str = "") -> TreeSpec:
+        """This tree for an adapter that samples ``num_steps`` steps, the owner of that number: filled
+        in (and the tree validated) when the tree leaves it out, ``self`` when it states the same, and
+        a one-line ``ValueError`` when it states another (``prefix``, e.g. ``"--model."``, makes the
+        names command-line options)."""
+        if self.num_steps is None:
+            return dataclasses.replace(self, num_steps=num_steps)
+        if self.num_steps != num_steps:
+            raise ValueError(
+                f"{prefix}tree.num_steps={self.num_steps} but the adapter samples with num_steps={num_steps}; "
+                f"leave {prefix}tree.num_steps out (the tree takes the adapter's) or give the same value"
+            )
+        return self
 
     @classmethod
     def from_dict(cls, fields: dict) -> TreeSpec:

@@ -25,7 +25,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-Dynamics = Literal["flow_sde", "dance_sde", "ode"]
+from .choices import check_choice
+
+SDEDynamics = Literal["flow_sde", "dance_sde"]
+"""The stochastic dynamics a flow-matching adapter samples its branching steps with."""
+Dynamics = Literal[SDEDynamics, "ode"]
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -142,8 +146,7 @@ def flow_sde_step(
         prev_sample: a recorded next state to score instead of sampling (training).
         generator: RNG for the noise when neither ``noise`` nor ``prev_sample`` is given.
     """
-    if dynamics not in ("flow_sde", "dance_sde", "ode"):
-        raise ValueError(f"dynamics must be 'flow_sde', 'dance_sde' or 'ode', got {dynamics!r}")
+    check_choice("dynamics", dynamics, Dynamics)
     x = sample.float()  # [B, *S]
     v = velocity.float()  # [B, *S]
     s = _per_sample(sigma, x)  # [B, 1..]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..common.hub import require_hub
+from ..common.hub import local_or_hub_id, require_hub
+from ..core.loss import check_kl_reference
 from ..core.steps import StepOutput
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
 
@@ -42,17 +44,18 @@ def load_component(cls: Any, path_or_id: str, subfolder: str | None, **kwargs: A
 
     A hub id is looked up in the local cache first; only if it is not there is the hub asked, and
     only once a probe has found the hub reachable, so that no network fails in seconds, not minutes."""
-    hub_id = not Path(path_or_id).expanduser().is_dir() and not path_or_id.startswith(("/", ".", "~"))
+    where = path_or_id + (f" (subfolder {subfolder!r})" if subfolder else "")
     try:
-        if hub_id:
-            require_hub(path_or_id)  # not cached and no network: fail now, not after minutes of retries
+        hub_id = local_or_hub_id(path_or_id)  # the one path-or-hub rule (common.hub)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"cannot load {cls.__name__} from {where}: no such file or folder") from err
+    try:
+        if hub_id is not None:
+            require_hub(hub_id)  # not cached and no network: fail now, not after minutes of retries
         return cls.from_pretrained(path_or_id, subfolder=subfolder, **kwargs)
     except (OSError, ValueError) as err:  # diffusers / transformers raise these for missing files
-        where = path_or_id + (f" (subfolder {subfolder!r})" if subfolder else "")
-        if Path(path_or_id).expanduser().is_dir():
-            hint = "the folder lacks this component (was it saved with save_pretrained?)"
-        elif path_or_id.startswith(("/", ".", "~")):
-            hint = "no such folder"
+        if hub_id is None:
+            hint = "the local path lacks this component (was it saved with save_pretrained?)"
         else:
             hint = (
                 "not in the local hub cache and the hub cannot be reached (HF_HUB_OFFLINE=1 or "
@@ -266,11 +269,7 @@ class DiffusionAdapter(nn.Module, ABC):
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
         """Run the frozen base model (LoRA disabled): the KL reference of Flow-GRPO."""
-        if self.lora is None:
-            raise ValueError(
-                "a KL reference needs LoRA (the reference is the model with adapters disabled); "
-                "set the adapter's lora option or loss.kl_beta=0"
-            )
+        check_kl_reference(kl_beta=math.inf, has_lora=self.lora is not None)  # a reference is asked for: kl_beta > 0
         self.denoiser.disable_adapters()
         try:
             yield

@@ -9,7 +9,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ..core.steps import Dynamics, StepOutput, flow_sde_step
+from ..core.choices import check_choice
+from ..core.steps import SDEDynamics, StepOutput, flow_sde_step
 from .base import DiffusionAdapter
 
 
@@ -22,11 +23,10 @@ class FlowMatchingAdapter(DiffusionAdapter):
     """
 
     noise_level: float
-    dynamics: Dynamics
+    dynamics: SDEDynamics
 
-    def _init_flow(self, noise_level: float, dynamics: Dynamics) -> None:
-        if dynamics not in ("flow_sde", "dance_sde"):
-            raise ValueError(f"dynamics must be 'flow_sde' or 'dance_sde', got {dynamics!r}")
+    def _init_flow(self, noise_level: float, dynamics: SDEDynamics) -> None:
+        check_choice("dynamics", dynamics, SDEDynamics)
         if noise_level <= 0:
             raise ValueError(f"noise_level must be > 0, got {noise_level}")
         self.noise_level = noise_level

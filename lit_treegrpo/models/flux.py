@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.steps import Dynamics
+from ..core.steps import SDEDynamics
 from .base import Cond, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import FLUX_LORA_TARGETS, LoraSettings
@@ -84,7 +84,7 @@ class FluxAdapter(FlowMatchingAdapter):
         true_cfg_scale: float = 1.0,
         negative_prompt: str = "",
         noise_level: float = 0.7,
-        dynamics: Dynamics = "flow_sde",
+        dynamics: SDEDynamics = "flow_sde",
         resolution: int | None = None,
         shift: float | None = None,
         max_sequence_length: int = 512,

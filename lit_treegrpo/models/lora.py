@@ -13,7 +13,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ..core.choices import check_choice
+
 # Attention projections, as DDPO (SD 1.x UNet) and Flow-GRPO (SD3 joint attention) train them.
+LoRAInit = Literal["gaussian", "default"]
 SD15_LORA_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
 SD3_LORA_TARGETS: tuple[str, ...] = (
     "attn.to_q",
@@ -41,7 +44,7 @@ class LoraSettings:
     """LoRA rank r (Flow-GRPO: 32 for SD3.5)."""
     alpha: float = 64.0
     """Scaling numerator: the update is ``alpha / rank * B @ A``."""
-    init: Literal["gaussian", "default"] = "gaussian"
+    init: LoRAInit = "gaussian"
     """Initialisation of A (B starts at zero either way, so training starts at the base model)."""
     target_modules: tuple[str, ...] | None = None
     """Module name suffixes to adapt; ``None`` uses the family's attention projections."""
@@ -53,8 +56,7 @@ class LoraSettings:
             raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
         if self.alpha <= 0:
             raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
-        if self.init not in ("gaussian", "default"):
-            raise ValueError(f"lora.init must be 'gaussian' or 'default', got {self.init!r}")
+        check_choice("lora.init", self.init, LoRAInit)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 

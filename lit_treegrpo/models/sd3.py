@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..core.steps import Dynamics
+from ..core.steps import SDEDynamics
 from .base import Cond, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
@@ -51,7 +51,7 @@ class SD3Adapter(FlowMatchingAdapter):
         num_steps: int = 10,
         guidance_scale: float = 4.5,
         noise_level: float = 0.7,
-        dynamics: Dynamics = "flow_sde",
+        dynamics: SDEDynamics = "flow_sde",
         negative_prompt: str = "",
         resolution: int | None = None,
         use_t5: bool = True,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..core.steps import Dynamics
+from ..core.steps import SDEDynamics
 from ..shapes import world
 from .base import Cond, check_tokenizer, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
@@ -274,7 +274,7 @@ class ShapesAdapter(FlowMatchingAdapter):
         num_steps: int = 10,
         guidance_scale: float = 1.0,
         noise_level: float = 0.7,
-        dynamics: Dynamics = "flow_sde",
+        dynamics: SDEDynamics = "flow_sde",
         negative_prompt: str = "",
         lora: LoraSettings | None = LoraSettings(rank=16, alpha=16.0),
         torch_dtype: str = "float32",

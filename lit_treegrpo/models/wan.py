@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.steps import Dynamics
+from ..core.steps import SDEDynamics
 from .base import Cond, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import LoraSettings
@@ -121,7 +121,7 @@ class WanAdapter(FlowMatchingAdapter):
         num_steps: int = 20,
         guidance_scale: float = 5.0,
         noise_level: float = 0.7,
-        dynamics: Dynamics = "flow_sde",
+        dynamics: SDEDynamics = "flow_sde",
         negative_prompt: str = "",
         height: int = 480,
         width: int = 832,

@@ -22,14 +22,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_treegrpo.common.errors import first_line
-from lit_treegrpo.common.hub import require_hub
+from lit_treegrpo.common.hub import local_or_hub_id, require_hub, starts_like_path
 from lit_treegrpo.core.advantages import combine_rewards
+from lit_treegrpo.core.choices import check_choice, choices
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-AGGREGATES: tuple[str, ...] = ("normalize_then_weight", "weighted_sum")
+Aggregate = Literal["normalize_then_weight", "weighted_sum"]
+AGGREGATES: tuple[str, ...] = choices(Aggregate)
 _SHOW = 8  # how many offending indices / prompts an error message lists
 
 T = TypeVar("T")
@@ -165,25 +167,21 @@ def check_finite(scores: Tensor, name: str, prompts: Sequence[str]) -> None:
         )
 
 
-def looks_like_path(name_or_path: str | Path) -> bool:
-    """An absolute or explicitly relative path (a hub id is ``owner/name``)."""
-    return isinstance(name_or_path, Path) or str(name_or_path).startswith(("/", "./", "../", "~"))
-
-
 def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], repo_id: str | None = None) -> T:
     """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
     cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
     hub repository (``repo_id``, default ``name_or_path``) that is not cached fails in seconds when
     the hub cannot be reached (:func:`lit_treegrpo.common.hub.require_hub`)."""
-    if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
-        raise RewardLoadError(f"cannot load {what}: no such file or folder '{name_or_path}'")
     try:
-        if not Path(name_or_path).expanduser().exists():
-            require_hub(repo_id or str(name_or_path))
+        hub_id = repo_id or local_or_hub_id(name_or_path)  # the one path-or-hub rule (common.hub)
+    except FileNotFoundError as err:
+        raise RewardLoadError(f"cannot load {what}: {err}") from err
+    try:
+        if hub_id is not None:
+            require_hub(hub_id)
         return load()
     except OSError as err:
-        local = Path(name_or_path).exists()
-        where = "the local path exists but" if local else "not a local path, and the hub copy"
+        where = "the local path exists but" if hub_id is None else "not a local path, and the hub copy"
         raise RewardLoadError(
             f"cannot load {what} from '{name_or_path}': {where} could not be read ({first_line(err)}); "
             "fetch it once with network access (it is then cached) or pass a local path"
@@ -196,7 +194,7 @@ def resolve_file(spec: str | Path, what: str) -> Path:
     if path.is_file():
         return path
     parts = str(spec).split("/")
-    if path.exists() or len(parts) < 3 or looks_like_path(spec):
+    if path.exists() or len(parts) < 3 or starts_like_path(spec):  # a hub file is org/name/file...
         raise RewardLoadError(
             f"cannot load {what}: '{spec}' is not a file; pass a local file or "
             "'owner/repo/filename' on the Hugging Face hub"
@@ -351,14 +349,13 @@ class MultiReward(RewardModel):
         self,
         rewards: Mapping[str, RewardModel],
         weights: Mapping[str, float] | None = None,
-        aggregate: Literal["normalize_then_weight", "weighted_sum"] = "normalize_then_weight",
+        aggregate: Aggregate = "normalize_then_weight",
         eps: float = 1e-8,
     ) -> None:
         super().__init__()
         if not rewards:
             raise ValueError("MultiReward: rewards is empty; give at least one name -> reward")
-        if aggregate not in AGGREGATES:
-            raise ValueError(f"MultiReward: aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}")
+        check_choice("MultiReward: aggregate", aggregate, Aggregate)
         for key, reward in rewards.items():
             if not isinstance(reward, RewardModel):
                 raise TypeError(f"MultiReward: reward '{key}' must be a RewardModel, got {type(reward).__name__}")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_treegrpo.core.choices import check_choice
 from lit_treegrpo.rewards.base import MultiReward, RewardLoadError, RewardModel, check_inputs
 from lit_treegrpo.rewards.registry import build_reward
 
@@ -118,6 +119,9 @@ class FrameAverage(VideoRewardModel):
         return f"frames={self.frames}, " + super().extra_repr()
 
 
+TemporalMetric = Literal["l2", "cosine"]
+
+
 class TemporalConsistency(VideoRewardModel):
     """How alike consecutive frames are, averaged over the ``F - 1`` pairs (prompt-free).
 
@@ -137,12 +141,9 @@ class TemporalConsistency(VideoRewardModel):
     name = "temporal_consistency"
     uses_prompt = False
 
-    def __init__(
-        self, metric: Literal["l2", "cosine"] = "l2", max_side: int = 64, max_batch: int | None = None
-    ) -> None:
+    def __init__(self, metric: TemporalMetric = "l2", max_side: int = 64, max_batch: int | None = None) -> None:
         super().__init__(max_batch=max_batch)
-        if metric not in ("l2", "cosine"):
-            raise ValueError(f"reward 'temporal_consistency': metric must be 'l2' or 'cosine', got {metric!r}")
+        check_choice("reward 'temporal_consistency': metric", metric, TemporalMetric)
         if max_side < 1:
             raise ValueError(f"reward 'temporal_consistency': max_side must be >= 1, got {max_side}")
         self.metric = metric

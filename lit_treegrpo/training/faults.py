@@ -28,6 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from ..common.errors import first_line
+from ..core.choices import check_choice
+
+NonFinite = Literal["error", "skip"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class FaultPolicy:
     """What a training step does with NaN / inf rewards, a failing reward call, or a non-finite
     loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
 
-    nonfinite: Literal["error", "skip"] = "error"
+    nonfinite: NonFinite = "error"
     """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
     and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
     (the other prompts train as usual), skip the whole step when the reward call raises, skip the
@@ -45,8 +48,7 @@ class FaultPolicy:
     fault, naming the last cause."""
 
     def __post_init__(self) -> None:
-        if self.nonfinite not in ("error", "skip"):
-            raise ValueError(f"faults.nonfinite must be 'error' or 'skip', got {self.nonfinite!r}")
+        check_choice("faults.nonfinite", self.nonfinite, NonFinite)
         if self.max_consecutive_skips < 1:
             raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
 

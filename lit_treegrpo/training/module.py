@@ -34,7 +34,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from ..core.compute import Compute, ComputeCost
-from ..core.loss import ClippedPolicyLoss
+from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.pruning import PruningConfig, PruningSchedule
 from ..core.rollout import RolloutTree
 from ..core.samples import ScoredSamples
@@ -133,6 +133,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         compute_cost: ComputeCost = ComputeCost(),
     ) -> None:
         super().__init__()
+        tree = tree.with_num_steps(adapter.num_steps)  # the adapter owns the number of steps
         check_settings(
             tree,
             minibatches=minibatches,
@@ -141,7 +142,6 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             grad_clip=grad_clip,
             val_samples=val_samples,
             edges_per_update=edges_per_update,
-            adapter_num_steps=adapter.num_steps,
             limits=rollout,
         )
         self.adapter = adapter
@@ -151,8 +151,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self.rollout_limits = rollout
         self.advantage = advantage
         self.loss_fn = loss if loss is not None else ClippedPolicyLoss()
-        if self.loss_fn.kl_beta > 0 and adapter.lora is None:
-            raise ValueError("loss.kl_beta > 0 needs the adapter's lora (the reference is LoRA disabled)")
+        check_kl_reference(self.loss_fn.kl_beta, has_lora=adapter.lora is not None)
         if (
             self.loss_fn.kl_beta > 0
             and self.loss_fn.kl_form == "flow_grpo"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.advantages import METHODS, AdvantageMethod, StdScope
+from ..core.advantages import AdvantageMethod, StdScope, check_advantage_options
 from ..core.spec import RolloutLimits, TreeSpec
 
 
@@ -31,15 +31,7 @@ class AdvantageSettings:
     ``global_std``). Not for ``branch_fusion``."""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"advantage.method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if self.std_scope not in ("group", "global"):
-            raise ValueError(f"advantage.std_scope must be 'group' or 'global', got {self.std_scope!r}")
-        if self.std_scope == "global" and self.method == "branch_fusion":
-            raise ValueError(
-                "advantage.std_scope global does not apply to branch_fusion, which normalises per "
-                "depth; use std_scope group"
-            )
+        check_advantage_options(self.method, self.std_scope, prefix="advantage.")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
 
@@ -53,18 +45,14 @@ def check_settings(
     grad_clip: float | None,
     val_samples: int = 1,
     edges_per_update: int | None = None,
-    adapter_num_steps: int | None = None,
     limits: RolloutLimits | None = None,
     prefix: str = "",
 ) -> None:
     """The module's checks that need no model (the CLI runs them before any weights load);
-    ``prefix`` (``"--model."``) turns the names in the messages into command-line options."""
-    if adapter_num_steps is not None and tree.num_steps != adapter_num_steps:
-        raise ValueError(
-            f"{prefix}tree.num_steps={tree.num_steps} but the adapter samples with num_steps="
-            f"{adapter_num_steps}; set both to the same value"
-        )
-    if tree.num_edges() == 0:
+    ``prefix`` (``"--model."``) turns the names in the messages into command-line options. The
+    tree's checks need its ``num_steps`` (:meth:`TreeSpec.with_num_steps` fills in the adapter's);
+    a tree still without it skips them."""
+    if tree.num_steps is not None and tree.num_edges() == 0:
         raise ValueError(f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps")
     if tree.num_leaves == 1:
         # rewards are normalised among the leaves of a prompt: a single leaf is always 0

@@ -41,6 +41,7 @@ def method_of(parser, *configs: Path) -> dict:
     schedules = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("PruningSchedule")]
     return {
         **{k: model[k] for k in METHOD_KEYS},
+        "num_steps": adapter["num_steps"],  # the adapter owns it; the tree takes it
         "dynamics": adapter["dynamics"],
         "noise_level": adapter["noise_level"],
         "pruning": schedules,
@@ -57,10 +58,11 @@ def test_a_preset_states_the_whole_method_whatever_the_base_config_says(parser, 
     # composed over another method first, nothing of that method leaks through
     for other in ("mixgrpo", "branchgrpo", "flowgrpo"):
         assert method_of(parser, TASK, preset(other), preset(name)) == alone, other
-    spec = TreeSpec.from_dict(alone["tree"])  # its own steps: the window at offset 0
+    assert alone["tree"]["num_steps"] is None and alone["num_steps"] == 10  # stated once, by the adapter
+    spec = TreeSpec.from_dict(alone["tree"]).with_num_steps(10)  # its own steps: the window at offset 0
     assert (spec.num_leaves, spec.nfe(), spec.num_edges(), spec.train_nfe()) == SIZES[name]
     for step in (0, 9, 10, 49, 50, 1000):  # a moving window stays off the deterministic tail
-        moved = TreeSpec.from_dict(alone["tree"]).at(step, run_seed=7)
+        moved = spec.at(step, run_seed=7)
         assert moved.num_leaves == 27 and all(s < 8 for s in moved.branch_steps + moved.sde_steps)
 
 

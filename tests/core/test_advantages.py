@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lit_treegrpo.core.advantages import METHODS, combine_rewards, tree_advantages
+from lit_treegrpo.core.advantages import METHODS, check_advantage_options, combine_rewards, tree_advantages
 from lit_treegrpo.core.rollout import RolloutTree, rollout
 from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.core.steps import StepOutput, flow_sde_step
@@ -696,3 +696,16 @@ def test_global_std_scope_keeps_the_prompt_mean_and_takes_the_batch_std() -> Non
         tree_advantages(rewards, parent, leaf_edge, prompt, method="branch_fusion", beta=0.0, std_scope="global")
     with pytest.raises(ValueError, match="std_scope must be 'group' or 'global'"):
         tree_advantages(rewards, parent, leaf_edge, prompt, std_scope="batch")  # type: ignore[arg-type]
+
+
+def test_std_scope_and_method_rule_is_stated_once() -> None:
+    check_advantage_options("branch_fusion", "group")
+    with pytest.raises(
+        ValueError,
+        match=r"^advantage.std_scope 'global' does not apply to branch_fusion, .*; use advantage.std_scope 'group'$",
+    ):
+        check_advantage_options("branch_fusion", "global", prefix="advantage.")
+    with pytest.raises(
+        ValueError, match=r"^method must be 'mean', 'logprob_softmax', 'branch_fusion' or 'parent_relative', got 'x'$"
+    ):
+        check_advantage_options("x", "group")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_treegrpo.core.compute import Compute
-from lit_treegrpo.core.loss import ClippedPolicyLoss, edge_loss
+from lit_treegrpo.core.loss import ClippedPolicyLoss, check_kl_reference, edge_loss
 from lit_treegrpo.core.rollout import recompute_log_probs, rollout
 from lit_treegrpo.core.spec import TreeSpec
 
@@ -184,3 +184,16 @@ def test_edge_loss_recomputes_the_edges_and_counts_the_reference_forwards() -> N
     assert out.kl > 0 and torch.equal(out.loss, expected.loss) and torch.equal(out.kl, expected.kl)
     with pytest.raises(ValueError, match="kl_beta > 0 needs the reference model"):
         edge_loss(kl_loss, model.predict, model.step, tree, kids, cond, advantages)
+
+
+def test_kl_beta_needs_lora_is_stated_once_naming_the_option_and_the_fix() -> None:
+    check_kl_reference(0.0, has_lora=False)
+    check_kl_reference(0.1, has_lora=True)
+    with pytest.raises(
+        ValueError, match=r"^--model.loss.kl_beta > 0 needs the adapter's lora \(the KL reference is the model "
+    ):
+        check_kl_reference(0.1, has_lora=False, prefix="--model.")
+    with pytest.raises(ValueError) as err:
+        check_kl_reference(0.1, has_lora=False, prefix="--model.")
+    assert "\n" not in str(err.value)
+    assert str(err.value).endswith("set --model.adapter.init_args.lora or --model.loss.kl_beta 0")

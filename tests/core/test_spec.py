@@ -233,3 +233,19 @@ def test_progressive_window_rolls_back_to_its_start() -> None:
     assert WindowSchedule(kind="progressive", start=1, shift=2, every=1).offset(6, 6) == 6
     with pytest.raises(ValueError, match="window.roll_back applies to kind 'progressive' only"):
         WindowSchedule(kind="shifting", roll_back=True)
+
+
+def test_the_adapter_owns_num_steps_the_tree_takes_it_or_refuses_another() -> None:
+    tree = TreeSpec(branch_steps=[0, 1], branching=2)  # no num_steps: the adapter's
+    assert tree.num_steps is None and tree.branch_steps == (0, 1)
+    filled = tree.with_num_steps(4)
+    assert filled == TreeSpec(4, branch_steps=(0, 1), branching=2) and filled.num_edges() == 6
+    assert filled.with_num_steps(4) is filled
+    with pytest.raises(
+        ValueError,
+        match=r"^--model.tree.num_steps=4 but the adapter samples with num_steps=6; leave "
+        r"--model.tree.num_steps out \(the tree takes the adapter's\) or give the same value$",
+    ):
+        filled.with_num_steps(6, prefix="--model.")
+    with pytest.raises(ValueError, match="out of range"):  # validated once the number is known
+        TreeSpec(branch_steps=(0, 5)).with_num_steps(4)

@@ -190,7 +190,7 @@ def test_a_lora_trained_two_steps_reproduces_in_a_fresh_flux_pipeline(saved, tmp
 
 def test_missing_or_mismatched_folders_give_one_line_errors(saved, tmp_path: Path) -> None:
     missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError, match="no such folder") as err:
+    with pytest.raises(FileNotFoundError, match="no such file or folder") as err:
         FluxAdapter(str(missing))
     assert str(missing) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE") as err:

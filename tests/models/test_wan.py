@@ -162,7 +162,7 @@ def test_any_saved_wan_folder_loads_and_wrong_folders_fail_in_one_line(saved: Pa
     loaded = WanAdapter(str(saved), **OPTIONS)
     assert len(loaded.pipeline.tokenizer) == 194 and loaded.flow_shift == 3.0
     missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError, match="no such folder") as err:
+    with pytest.raises(FileNotFoundError, match="no such file or folder") as err:
         WanAdapter(str(missing), **OPTIONS)
     assert str(missing) in str(err.value) and "\n" not in str(err.value)
     (tmp_path / "empty").mkdir()

@@ -144,7 +144,7 @@ def test_multi_reward_validates_its_arguments() -> None:
         MultiReward({})
     with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['c'\]"):
         MultiReward({"a": PixelReward(0), "b": PixelReward(1)}, {"a": 1.0, "c": 1.0})
-    with pytest.raises(ValueError, match="aggregate must be one of normalize_then_weight, weighted_sum"):
+    with pytest.raises(ValueError, match="aggregate must be 'normalize_then_weight' or 'weighted_sum'"):
         MultiReward({"a": PixelReward(0)}, aggregate="mean")
     with pytest.raises(TypeError, match="reward 'x' must be a RewardModel, got Linear"):
         MultiReward({"x": torch.nn.Linear(1, 1)})

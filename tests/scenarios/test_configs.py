@@ -64,6 +64,15 @@ def offline_weights(monkeypatch, tmp_path):
     return loaded
 
 
+def test_no_shipped_config_states_the_number_of_steps_twice() -> None:
+    # the adapter owns num_steps; the tree takes it (issue 22: one owner per setting)
+    import yaml
+
+    for path in sorted(CONFIGS.rglob("*.yaml")):
+        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+        assert "num_steps" not in (model.get("tree") or {}), f"{path.name}: tree.num_steps (the adapter's already)"
+
+
 def test_every_run_config_is_covered() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in RUN_CONFIGS}
     assert {

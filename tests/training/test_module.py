@@ -92,6 +92,9 @@ def test_flow_grpo_kl_trains_on_a_flow_adapter_and_is_refused_elsewhere(tmp_path
         TreeGRPOModule(
             TinySD15Adapter(num_steps=T), Brightness(), SPEC, loss=ClippedPolicyLoss(kl_beta=0.1, kl_form="flow_grpo")
         )
+    # the rule is core.loss.check_kl_reference's; the module, the CLI and the adapter all ask it
+    with pytest.raises(ValueError, match=r"^loss.kl_beta > 0 needs the adapter's lora .*; set adapter.init_args.lora"):
+        TreeGRPOModule(TinySD15Adapter(num_steps=T, lora=None), Brightness(), SPEC, loss=ClippedPolicyLoss(kl_beta=0.1))
 
 
 class _Counting(torch.optim.SGD):
@@ -153,7 +156,7 @@ def test_a_nan_reward_stops_training_naming_the_reward_and_prompt(tmp_path) -> N
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(tree=TreeSpec(5)), "tree.num_steps=5 but the adapter samples with num_steps=3"),
+        (dict(tree=TreeSpec(5)), "tree.num_steps=5 but the adapter samples with num_steps=3; leave tree.num_steps out"),
         (dict(minibatches=0), "minibatches must be >= 1"),
         (dict(grad_clip=0.0), "grad_clip must be > 0"),
         (dict(reward={}), "mapping is empty"),
@@ -165,6 +168,11 @@ def test_bad_module_options_are_named(kwargs, message) -> None:
         module(**kwargs)
 
 
+def test_the_tree_takes_the_adapters_num_steps() -> None:
+    model = module(tree=TreeSpec(branch_steps=SPEC.branch_steps, branching=SPEC.branching))
+    assert model.tree == SPEC.with_num_steps(T) and model.tree.num_steps == model.adapter.num_steps == T
+
+
 def test_bad_advantage_settings_are_named() -> None:
     with pytest.raises(ValueError, match="advantage.method"):
         AdvantageSettings(method="median")  # type: ignore[arg-type]
@@ -172,7 +180,7 @@ def test_bad_advantage_settings_are_named() -> None:
         AdvantageSettings(clip=0.0)
     with pytest.raises(ValueError, match="advantage.std_scope must be 'group' or 'global'"):
         AdvantageSettings(std_scope="batch")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="advantage.std_scope global does not apply to branch_fusion"):
+    with pytest.raises(ValueError, match="advantage.std_scope 'global' does not apply to branch_fusion"):
         AdvantageSettings(method="branch_fusion", std_scope="global")
 
 
