@@ -218,7 +218,7 @@ def verdict(diff: dict[str, Any]) -> str:
 def headline_sentence(report: dict[str, Any]) -> str:
     """The README's one sentence: TreeGRPO against every other headline method at the budget."""
     pairs_ = report["pairs"]
-    parts = []
+    parts, counts = [], []
     for key, diff in pairs_.items():
         a, b = key.split(" - ")
         if "treegrpo" not in (a, b):
@@ -226,13 +226,17 @@ def headline_sentence(report: dict[str, Any]) -> str:
         other, sign = (b, 1) if a == "treegrpo" else (a, -1)
         d = diff["final"]
         lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
-        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)})")
+        counts.append(len(diff["seeds"]))
+        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)}")
+    # while runs are under way the pairs may hold different numbers of seeds: each then says its own
+    parts = [f"{p}, {c} seeds)" if len(set(counts)) > 1 else f"{p})" for p, c in zip(parts, counts)]
     if not parts:
         return (
             "No result yet: the method comparison is under way and none of its reported seeds has been "
             "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far)."
         )
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
+    over = f"{n}" if len(set(counts)) <= 1 else f"{min(counts)} to {max(counts)}"
     interim = (
         ""
         if report["complete"]
@@ -241,7 +245,7 @@ def headline_sentence(report: dict[str, Any]) -> str:
     )
     return interim + (
         f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
-        f"minus each method's, mean [95% CI] over {n} paired seeds: " + "; ".join(parts) + "."
+        f"minus each method's, mean [95% CI] over {over} paired seeds: " + "; ".join(parts) + "."
     )
 
 

@@ -166,3 +166,28 @@ def test_the_docs_generated_region_is_replaced_and_nothing_else() -> None:
     assert report.generated_region(new) == "| new | table |"
     with pytest.raises(ValueError, match="needs exactly one generated region"):
         report.replace_generated("no markers", "x", "README.md")
+
+
+def test_an_interim_headline_gives_each_pair_its_own_seed_count_when_they_differ() -> None:
+    def pair(seeds: list[int], mean: float, lo: float, hi: float) -> dict:
+        return {"seeds": seeds, "final": {"mean": mean, "lo": lo, "hi": hi, "resolved": lo > 0 or hi < 0}}
+
+    partial = {
+        "complete": False,
+        "protocol": {"budget": 300_000.0, "reported_seeds": list(range(10))},
+        "methods": {"treegrpo": {"n": 5}, "mixgrpo": {"n": 5}, "flowgrpo": {"n": 4}},
+        "pairs": {
+            "treegrpo - mixgrpo": pair([0, 1, 2, 3, 4], 0.018, -0.005, 0.038),
+            "treegrpo - flowgrpo": pair([0, 1, 2, 3], 0.054, 0.042, 0.070),
+        },
+    }
+    text = report.headline_sentence(partial)
+    assert text.startswith("Interim") and "(4 of 10 paired seeds trained" in text
+    assert "over 4 to 5 paired seeds" in text
+    assert "mixgrpo +0.018 [-0.005, +0.038] (not resolved, 5 seeds)" in text
+    assert "flowgrpo +0.054 [+0.042, +0.070] (resolved, 4 seeds)" in text
+    # equal counts: one count for all, as the complete report says it
+    partial["pairs"]["treegrpo - flowgrpo"]["seeds"] = [0, 1, 2, 3, 4]
+    partial["methods"]["flowgrpo"]["n"] = 5
+    text = report.headline_sentence(partial)
+    assert "over 5 paired seeds" in text and "(resolved)" in text and "seeds)" not in text
