@@ -9,11 +9,11 @@ from torch import Tensor
 
 from lit_treegrpo.callbacks import TreeView
 from lit_treegrpo.core import PruningConfig, RolloutTree, ScoredSamples, TreeSpec
-from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
 from lit_treegrpo.training.growth import GrownTree, TreeGrowth
 from lit_treegrpo.training.module import TreeGRPOModule
+from tests.training.test_module import fit
 
 SPEC = TreeSpec(3, branch_steps=(0, 1), branching=2)
 
@@ -38,19 +38,8 @@ class _Spy(L.Callback):
 
 def _fit_one_step(model: TreeGRPOModule, tmp_path) -> L.Trainer:
     spy = _Spy(model)
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[spy],
-    )
     # one prompt per step: its tree is batched alone, as TreeView's is
-    trainer.fit(model, PromptDataModule("shapes", batch_size=1, val_size=0, val_fraction=0.0))
+    trainer = fit(model, 1, tmp_path, batch_size=1, callbacks=[spy])
     model.spy = spy
     return trainer
 

@@ -31,7 +31,8 @@ def module(**kwargs) -> TreeGRPOModule:
     return TreeGRPOModule(TinySD3Adapter(num_steps=T, guidance_scale=1.0), **kwargs)
 
 
-def fit(model: TreeGRPOModule, steps: int, tmp_path, **trainer_kwargs) -> L.Trainer:
+def fit(model: TreeGRPOModule, steps: int, tmp_path, batch_size: int = 2, **trainer_kwargs) -> L.Trainer:
+    """``model`` fitted for ``steps`` on the Shapes prompts by a quiet CPU trainer."""
     trainer = L.Trainer(
         max_steps=steps,
         accelerator="cpu",
@@ -43,7 +44,7 @@ def fit(model: TreeGRPOModule, steps: int, tmp_path, **trainer_kwargs) -> L.Trai
         default_root_dir=tmp_path,
         **trainer_kwargs,
     )
-    trainer.fit(model, PromptDataModule("shapes", batch_size=2, val_size=0, val_fraction=0.0))
+    trainer.fit(model, PromptDataModule("shapes", batch_size=batch_size, val_size=0, val_fraction=0.0))
     return trainer
 
 
@@ -316,17 +317,7 @@ def test_skip_stops_after_max_consecutive_skips_naming_the_last_cause(tmp_path) 
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
     with pytest.warns(FaultWarning), pytest.raises(FaultLimitError) as err:
         # one prompt per batch: every prompt is NaN, so no step can train
-        trainer = L.Trainer(
-            max_steps=5,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            default_root_dir=tmp_path,
-        )
-        trainer.fit(model, PromptDataModule("shapes", batch_size=1, val_size=0, val_fraction=0.0))
+        fit(model, 5, tmp_path, batch_size=1)
     assert str(err.value).startswith(
         "3 training steps in a row were skipped (faults.max_consecutive_skips=3), up to iteration 2; "
         "last cause: non-finite rewards for prompts ['a "
