@@ -12,6 +12,7 @@ from typing_extensions import override
 from lit_treegrpo.runs.export import check_out, export
 
 from .ema import EMA
+from .pruning import PruningSchedule
 
 
 class ExportOnTrainEnd(Callback):
@@ -44,6 +45,7 @@ class ExportOnTrainEnd(Callback):
         if not trainer.is_global_zero:
             return
         emas = [cb for cb in trainer.callbacks if isinstance(cb, EMA)] if self.ema else []
+        pruning = [cb for cb in trainer.callbacks if isinstance(cb, PruningSchedule)]
         state = emas[0].state_dict() if emas and emas[0].num_updates > 0 else None
         metrics = trainer.callback_metrics
         rewards = {
@@ -57,5 +59,6 @@ class ExportOnTrainEnd(Callback):
             ema=state,
             metrics=rewards,
             optimizer_steps=trainer.global_step,
+            pruning=pruning[0].state_dict()["options"] if pruning else None,
         )
         rank_zero_info(f"exported the trained weights to {self.written}")

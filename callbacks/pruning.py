@@ -1,18 +1,18 @@
-"""BranchGRPO's pruning schedule as a callback: width pruning early in training, a sliding depth
-window, DanceGRPO's random subset of steps.
+"""The owner of a fit's pruning: BranchGRPO's width pruning early in training, a sliding depth
+window, DanceGRPO's random subset of steps, or any fixed pruning (a constant schedule).
 
 The schedule itself is :class:`lit_treegrpo.core.pruning.PruningSchedule`, a pure function of the
 iteration (BranchGRPO, arXiv 2509.06040, sec. 3.4: pruning acts on the backward pass only, after
-reward fusion and advantage normalisation). This callback only hands it to the module at the start
-of a fit; the module evaluates it at each step (``TreeGRPOModule.pruning_at``). So ``model.pruning``
-has one owner, the configuration: it is never overwritten, and giving both a non-default
-``model.pruning`` and this callback is refused. A resumed run gets exactly the pruning the
-uninterrupted run would have had; the options are kept in the checkpoint only to warn when they
-change.
+reward fusion and advantage normalisation). This callback is the one :class:`~lit_treegrpo.core.
+pruning.PruningSource` of a fit: the module asks it for each iteration's pruning
+(``TreeGRPOModule.pruning_at``), holds no pruning of its own, and trains every edge without it. A
+resumed run gets exactly the pruning the uninterrupted run would have had; the options are kept in
+the checkpoint only to say when they change (and for the export's card).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,10 +28,10 @@ from .iterations import run_iterations
 
 
 class PruningSchedule(Callback):
-    """Applies a :class:`~lit_treegrpo.core.pruning.PruningSchedule` (same arguments; see it for
-    their meaning) to the module being fit. The run's length, which ``width_fraction`` needs, is
-    counted in iterations: ``--max_iterations`` when given, else ``trainer.max_steps``
-    (:func:`~lit_treegrpo.callbacks.run_iterations`).
+    """A fit's pruning: a :class:`~lit_treegrpo.core.pruning.PruningSchedule` (same arguments; see
+    it for their meaning) evaluated at each iteration. The run's length, which ``width_fraction``
+    needs, is counted in iterations: ``--max_iterations`` when given, else ``trainer.max_steps``
+    (:func:`~lit_treegrpo.callbacks.run_iterations`). Without this callback every edge trains.
 
     Args:
         width: ``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see ``core/pruning.py``).
@@ -40,7 +40,8 @@ class PruningSchedule(Callback):
         ratio: fraction of edges per prompt kept by ``ratio``, in (0, 1].
         depth_window: size of the depth window; ``None`` trains every depth.
         depth_every: training steps between two moves of the window.
-        depth_shift: depths the window moves each time (0 keeps it fixed).
+        depth_shift: depths the window moves each time (0 keeps it fixed: a fixed window
+            ``[lo, hi)`` is ``depth_start: lo, depth_window: hi - lo, depth_shift: 0``).
         depth_start: first depth of the window at iteration 0.
         depth_stop: the window's first depth never moves past this depth (``None``: no limit for
             ``"deeper"``, 0 for ``"shallower"``).
@@ -50,7 +51,9 @@ class PruningSchedule(Callback):
         step_fraction: train the edges of ``ceil(step_fraction * n)`` of the ``n`` stochastic steps
             of each iteration's tree, drawn uniformly without replacement (DanceGRPO: 0.6); 1.0
             trains every step.
-        seed: seed of the ``step_fraction`` draws (a pure function of ``(seed, iteration)``).
+        steps: train only the edges recorded at these denoising steps, every iteration (``None``:
+            every step); not with ``step_fraction < 1``.
+        seed: seed of the ``step_fraction`` draws, added to ``--model.seed``.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class PruningSchedule(Callback):
         depth_direction: Direction = "deeper",
         depth_mode: DepthMode = "drop",
         step_fraction: float = 1.0,
+        steps: list[int] | None = None,
         seed: int = 0,
     ) -> None:
         self.schedule = Schedule(
@@ -82,33 +86,30 @@ class PruningSchedule(Callback):
             depth_direction=depth_direction,
             depth_mode=depth_mode,
             step_fraction=step_fraction,
+            steps=tuple(steps) if steps is not None else None,
             seed=seed,
         )
+        self.run_length: int | None = None  # the fit's length in iterations, known at setup
+
+    def pruning_at(self, iteration: int, stochastic_steps: Sequence[int] = (), run_seed: int = 0) -> PruningConfig:
+        """The pruning of iteration ``iteration`` of this fit (:meth:`Schedule.at`); the module
+        calls it once per training step (and ``TreeView`` through the module)."""
+        return self.schedule.at(iteration, self.run_length, stochastic_steps, run_seed)
 
     def config_at(
-        self, iteration: int, max_steps: int | None, stochastic_steps: tuple[int, ...] | list[int] = ()
+        self, iteration: int, max_steps: int | None, stochastic_steps: Sequence[int] = (), run_seed: int = 0
     ) -> PruningConfig:
-        """The schedule's pruning at ``iteration`` (:meth:`Schedule.at`)."""
-        return self.schedule.at(iteration, max_steps, stochastic_steps)
+        """The schedule's pruning at ``iteration`` of a run of ``max_steps`` iterations, outside a
+        fit (:meth:`Schedule.at`)."""
+        return self.schedule.at(iteration, max_steps, stochastic_steps, run_seed)
 
     # ------------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        run_length = run_iterations(trainer)
-        self.schedule.width_steps(run_length)  # fail before the first step, naming the option
-        if pl_module.pruning != PruningConfig():
-            raise ValueError(
-                f"both --model.pruning ({pl_module.pruning}) and the PruningSchedule callback set the "
-                "pruning; give one of them (the schedule's options cover every fixed pruning too)"
-            )
-        pl_module.pruning_schedule, pl_module.pruning_run_length = self.schedule, run_length
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and getattr(pl_module, "pruning_schedule", None) is self.schedule:
-            pl_module.pruning_schedule = None
+        self.run_length = run_iterations(trainer)
+        self.schedule.width_steps(self.run_length)  # fail before the first step, naming the option
 
     # ------------------------------------------------------------------------ resume
     @override
@@ -119,10 +120,14 @@ class PruningSchedule(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict["options"]
         mine = asdict(self.schedule)
-        changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        # a checkpoint written before ``steps`` existed had it at its default
+        changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k, _DEFAULTS[k]) != v}
         if changed:
             what = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             rank_zero_warn(
                 f"PruningSchedule options differ from the checkpoint's ({what}); the resumed run "
                 "follows the new options from its current iteration on"
             )
+
+
+_DEFAULTS = asdict(Schedule())

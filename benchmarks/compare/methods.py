@@ -11,6 +11,8 @@ the training callbacks the benchmark trains are the ones ``fit`` would train.
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -90,7 +92,9 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     if "init_args" in optimizer:
         optimizer["init_args"] = {k: v for k, v in optimizer["init_args"].items() if k != "lr"}
     callbacks = [
-        c for c in config["trainer"].get("callbacks") or [] if c["class_path"].rsplit(".", 1)[-1] in TRAINING_CALLBACKS
+        _without_defaults(c)
+        for c in config["trainer"].get("callbacks") or []
+        if c["class_path"].rsplit(".", 1)[-1] in TRAINING_CALLBACKS
     ]
     keys = (
         "reward",
@@ -113,6 +117,19 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
         "callbacks": callbacks,
         "data": config["data"],
     }
+
+
+def _without_defaults(callback: dict[str, Any]) -> dict[str, Any]:
+    """A callback's configuration without the options at their defaults: an option added later,
+    at a default that keeps the old behaviour, leaves the cached runs' identity as it was."""
+    module, _, name = callback["class_path"].rpartition(".")
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(getattr(importlib.import_module(module), name)).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    args = {k: v for k, v in (callback.get("init_args") or {}).items() if k not in defaults or v != defaults[k]}
+    return {**callback, "init_args": args}
 
 
 def description(name: str) -> str:

@@ -23,7 +23,6 @@ from typing import Any
 from jsonargparse import Namespace
 
 from ..core.loss import ClippedPolicyLoss, check_kl_reference
-from ..core.pruning import PruningConfig
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
 from ..rewards import REWARDS, check_reward_names
@@ -77,7 +76,7 @@ def _nan_options(value: Any, option: str) -> list[str]:
 
 def check_config(config: Any, subcommand: str | None = None) -> None:
     """Everything the run's options say that can be checked without weights: no NaN anywhere, the
-    trainer's options (for ``subcommand``; None: as for fit), the tree, advantage, loss, pruning,
+    trainer's options (for ``subcommand``; None: as for fit), the tree, advantage, loss,
     fault and memory settings, the optimizer's arguments, the reward names, their loaders'
     arguments and their extras, the prompts, the batch sizes against the world size. Raises
     :class:`UserError` / ``ValueError`` (one line)."""
@@ -100,7 +99,6 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
     limits = _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
     _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
-    _build("--model.pruning", lambda: PruningConfig(**_plain(model["pruning"])))
     _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
     _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
     loss = _build("--model.loss", lambda: _loss(model.get("loss")))

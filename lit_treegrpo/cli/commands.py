@@ -13,7 +13,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks import EMA
-from ..runs.export import ema_state, export, logged_rewards, restore
+from ..runs.export import ema_state, export, logged_rewards, pruning_options, restore
 from .user_errors import UserError
 
 
@@ -71,6 +71,7 @@ def export_checkpoint(
         optimizer_steps=int(checkpoint.get("global_step", 0)),
         checkpoint=ckpt_path,
         adapter_config=adapter_config.as_dict() if hasattr(adapter_config, "as_dict") else None,
+        pruning=pruning_options(checkpoint),
     )
     rank_zero_info(f"exported {ckpt_path} (iteration {model.iteration}) to {out}")
 

@@ -140,6 +140,18 @@ def _at_least(trainer: dict[str, Any], name: str, low: int, meaning: str = "") -
         raise UserError(f"--trainer.{name} must be >= {low}{meaning} or null, got {value}")
 
 
+def _one_pruning_owner(callbacks: Any) -> None:
+    """Two ``PruningSchedule`` callbacks: one line here, instead of Lightning's traceback about
+    two stateful callbacks of one type once the model has loaded."""
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks] if callbacks else []
+    names = [str(c.get("class_path", "")).rsplit(".", 1)[-1] for c in callbacks if isinstance(c, dict)]
+    if names.count("PruningSchedule") > 1:
+        raise UserError(
+            f"--trainer.callbacks has {names.count('PruningSchedule')} PruningSchedule callbacks; a fit has one "
+            "pruning: keep one (its options express every schedule and every fixed pruning)"
+        )
+
+
 def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> None:
     """Raise :class:`UserError` (one line naming the option) for a Trainer option that Lightning
     would refuse only after the model loaded, refuse with a traceback, or accept and then train,
@@ -147,6 +159,7 @@ def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> Non
     documents are accepted (``max_steps -1``: no limit, ``limit_val_batches 0``: no validation,
     ``num_sanity_val_steps -1``: every batch ...)."""
     fit = subcommand in (None, "fit")
+    _one_pruning_owner(trainer.get("callbacks"))
     num_nodes = trainer.get("num_nodes")
     if is_number(num_nodes) and num_nodes < 1:
         raise UserError(f"--trainer.num_nodes must be >= 1, got {num_nodes}")

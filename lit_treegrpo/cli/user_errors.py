@@ -103,11 +103,22 @@ MOVED_OPTIONS = {
     "--model.tree.max_leaves": "--model.rollout.max_leaves",
     "--model.shared_noise": "--model.tree.shared_noise",
 }
+#: options (with everything under them) that became another object's, old -> where they went
+OWNED_ELSEWHERE = {
+    "--model.pruning": (
+        "the PruningSchedule callback owns the pruning: give `trainer.callbacks+: [{class_path: "
+        "lit_treegrpo.callbacks.PruningSchedule, init_args: {width: parent_top1}}]` with the same options "
+        "(a fixed depth window [lo, hi) is depth_start lo, depth_window hi - lo, depth_shift 0; fixed steps are steps)"
+    ),
+}
 
 
 def _no_such_option(option: str, options: list[str], see: str, what: str = "") -> str:
     if option in MOVED_OPTIONS:
         return f"{option}{what}: this option moved to {MOVED_OPTIONS[option]}; rename it there ({see})"
+    for old, where in OWNED_ELSEWHERE.items():
+        if option == old or option.startswith(old + "."):
+            return f"{option}{what}: no longer an option; {where}"
     return f"{option}{what}: no such option{_did_you_mean(option, options, list_siblings=True)} ({see})"
 
 
@@ -217,6 +228,12 @@ def exit_status(err: BaseException) -> int | None:
 
 def one_line(err: BaseException) -> str:
     """The message ``main`` prints for ``err``."""
+    cause = err.__cause__
+    if str(err).startswith("Does not validate against any of the Union subtypes") and isinstance(cause, ValueError):
+        # jsonargparse building a class of a union (a callback of trainer.callbacks) wraps the
+        # class's own message, which names the option
+        where = "--trainer.callbacks: " if "lightning.pytorch.callbacks.callback.Callback" in str(err) else ""
+        return f"{where}{one_line(cause)}"
     if isinstance(err, MisconfigurationException):
         return f"the trainer's settings (--trainer.*): {first_line(err)}"
     if isinstance(err, OSError):

@@ -5,7 +5,8 @@
 - :mod:`.seeding`: :func:`seed_of`, the one way a (seed, position in the run) becomes a generator.
 - :mod:`.rollout`: grow the tree, one batched model call per depth; recompute edge log-probs.
 - :mod:`.advantages`: leaf rewards -> per-edge advantages (TreeGRPO, BranchGRPO, flat GRPO).
-- :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration.
+- :mod:`.pruning`: width / depth pruning -> edge masks; :class:`PruningSchedule` per iteration;
+  :class:`PruningSource`, the one owner of a fit's pruning (the ``PruningSchedule`` callback).
 - :mod:`.loss`: :class:`ClippedPolicyLoss`, and :func:`edge_loss` of a minibatch of recorded edges.
 - :mod:`.choices`: :func:`check_choice`, an option checked against its ``Literal`` (choices read
   from the type, never re-typed).
@@ -22,7 +23,7 @@ engine computes from its arguments alone, the same everywhere (tests/test_layeri
 from .advantages import METHODS, combine_rewards, normalize_per_group, tree_advantages
 from .compute import Compute, ComputeCost
 from .loss import ClippedPolicyLoss, LossOutput, edge_loss
-from .pruning import PruningConfig, PruningSchedule, prune
+from .pruning import PruningConfig, PruningSchedule, PruningSource, prune
 from .rollout import (
     EdgeLogProbs,
     RolloutTree,
@@ -46,6 +47,7 @@ __all__ = [
     "LossOutput",
     "PruningConfig",
     "PruningSchedule",
+    "PruningSource",
     "RolloutTree",
     "ScoredSamples",
     "StepOutput",

@@ -20,6 +20,10 @@ listed depths are pruned, the window sliding towards the root), ``"keep"`` train
 window's schedule is :class:`PruningSchedule`, a pure function of the iteration that the
 ``PruningSchedule`` callback applies. Step pruning keeps edges recorded at given denoising steps
 (DanceGRPO trains a random 60% of the timesteps of every iteration; the schedule draws them).
+
+A fit's pruning has one owner, a :class:`PruningSource` (the ``PruningSchedule`` callback): the
+module asks it for each iteration's :class:`PruningConfig`, and trains every edge without one. A
+constant schedule is fixed pruning.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -162,7 +166,10 @@ def _rank_in_group(values: Tensor, group: Tensor, *, descending: bool) -> Tensor
 
 
 __all__ = [
+    "NO_PRUNING",
     "PruningConfig",
+    "PruningSchedule",
+    "PruningSource",
     "depth_mask",
     "edges_above",
     "extreme_mask",
@@ -186,6 +193,7 @@ class PruningSchedule:
     not needed. Depth pruning acts on the depths ``[lo, lo + depth_window)`` with ``lo =
     depth_start ± depth_shift * (iteration // depth_every)`` (``+`` for ``"deeper"``, ``-`` for
     ``"shallower"``), never past ``depth_stop`` (for ``"shallower"`` the default stop is 0).
+    A fixed window ``[lo, hi)`` is ``depth_start=lo, depth_window=hi - lo, depth_shift=0``.
     BranchGRPO's code drops a window of 4 of its deepest depths and slides it one depth towards the
     root every 30 iterations (``depth_mode="drop", depth_window=4, depth_start=T-5,
     depth_direction="shallower", depth_every=30``, stop at the last split). ``step_fraction`` is
@@ -218,6 +226,9 @@ class PruningSchedule:
     """``"drop"`` (the window's depths do not train; BranchGRPO's code) or ``"keep"`` (only they do)."""
     step_fraction: float = 1.0
     """Fraction of each iteration's stochastic steps trained (DanceGRPO: 0.6); 1.0 trains all."""
+    steps: tuple[int, ...] | None = None
+    """Train only the edges recorded at these denoising steps, every iteration (fixed step
+    pruning; ``None``: every step). Not combined with ``step_fraction < 1``, which draws them."""
     seed: int = 0
     """Seed of the ``step_fraction`` draws, added to the run's seed (:meth:`at`'s ``run_seed``,
     the module's ``--model.seed``): one seed varies a whole run."""
@@ -257,6 +268,15 @@ class PruningSchedule:
                     f"{name}.depth_stop={stop} is below depth_start={start}, but "
                     "depth_direction='shallower' moves the window up; use depth_stop <= depth_start"
                 )
+        if self.steps is not None:
+            object.__setattr__(self, "steps", tuple(int(t) for t in self.steps))  # lists from YAML
+            if any(t < 0 for t in self.steps):
+                raise ValueError(f"{name}.steps must be denoising step indices >= 0, got {self.steps}")
+            if self.step_fraction < 1.0:
+                raise ValueError(
+                    f"{name}.steps={self.steps} and step_fraction={self.step_fraction} both choose the trained "
+                    "steps; give steps (the same every iteration) or step_fraction (drawn each iteration)"
+                )
         for field in ("width_fraction", "ratio", "step_fraction"):  # ints from YAML compare as floats
             object.__setattr__(self, field, float(getattr(self, field)))
 
@@ -283,7 +303,10 @@ class PruningSchedule:
         return max(self.depth_start - moved, self.depth_stop or 0)
 
     def steps_at(self, iteration: int, stochastic_steps: Sequence[int], run_seed: int = 0) -> tuple[int, ...] | None:
-        """The denoising steps trained at ``iteration`` (``None``: all), drawn from ``stochastic_steps``."""
+        """The denoising steps trained at ``iteration`` (``None``: all): ``steps``, or drawn from
+        ``stochastic_steps``."""
+        if self.steps is not None:
+            return self.steps
         if self.step_fraction >= 1.0 or not stochastic_steps:
             return None
         n = math.ceil(self.step_fraction * len(stochastic_steps) - 1e-9)
@@ -313,3 +336,18 @@ class PruningSchedule:
             depth_mode=self.depth_mode,
             steps=self.steps_at(iteration, stochastic_steps, run_seed),
         )
+
+
+NO_PRUNING = PruningConfig()
+"""Every edge trains: the pruning of a fit without a :class:`PruningSource`."""
+
+
+@runtime_checkable
+class PruningSource(Protocol):
+    """The one owner of a fit's pruning (the ``PruningSchedule`` callback is one): the module asks
+    it for the pruning of each iteration and holds none of its own."""
+
+    def pruning_at(self, iteration: int, stochastic_steps: Sequence[int], run_seed: int) -> PruningConfig:
+        """The pruning of training iteration ``iteration`` (0-based), whose tree samples
+        ``stochastic_steps``; ``run_seed`` is the run's ``--model.seed``."""
+        ...

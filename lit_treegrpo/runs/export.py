@@ -76,6 +76,15 @@ def ema_state(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def pruning_options(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``PruningSchedule`` callback's options in a Lightning checkpoint (``None``: the run had
+    no pruning callback, so every edge trained)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if str(key).startswith("PruningSchedule") and isinstance(state, Mapping) and "options" in state:
+            return dict(state["options"])
+    return None
+
+
 def restore(module: Any, checkpoint: Mapping[str, Any]) -> None:
     """Load a TreeGRPOModule checkpoint's trainable weights and iteration into ``module`` (the
     checks of a resume: the same adapter, tree and trainable tensors)."""
@@ -149,13 +158,14 @@ def base_model(adapter: DiffusionAdapter, adapter_config: Mapping[str, Any] | No
     return f"{type(adapter).__name__}({seed})"
 
 
-def method(module: Any) -> dict[str, Any]:
-    """The run's algorithm, as the module holds it: tree, advantage estimator, pruning, loss."""
+def method(module: Any, pruning: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run's algorithm: the module's tree, advantage estimator and loss, and ``pruning`` (its
+    ``PruningSchedule`` options; ``None``: every edge trained)."""
     loss = module.loss_fn
     return {
         "tree": {k: v for k, v in asdict(module.tree).items() if v is not None},
         "advantage": asdict(module.advantage),
-        "pruning": asdict(module.pruning),
+        "pruning": dict(pruning) if pruning is not None else None,
         "loss": {k: getattr(loss, k) for k in ("clip_range", "adv_clip", "kl_beta") if hasattr(loss, k)},
         "reward": type(module.reward).__name__,
     }
@@ -220,9 +230,11 @@ def export(
     optimizer_steps: int = 0,
     adapter_config: Mapping[str, Any] | None = None,
     checkpoint: str | None = None,
+    pruning: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``module``'s trained weights (and ``ema``'s, an EMA state with ``shadows``) to
-    ``out`` with the card; returns ``out``. ``metrics`` holds ``reward`` and ``held_out_reward``."""
+    ``out`` with the card; returns ``out``. ``metrics`` holds ``reward`` and ``held_out_reward``;
+    ``pruning`` the run's ``PruningSchedule`` options (``None``: it pruned nothing)."""
     out = check_out(out)
     staging = out.parent / f".{out.name}.export-tmp"
     if staging.exists():
@@ -238,6 +250,7 @@ def export(
             optimizer_steps=optimizer_steps,
             adapter_config=adapter_config,
             checkpoint=checkpoint,
+            pruning=pruning,
         )
     except OSError as err:
         from ..common.errors import explain_os_error
@@ -259,6 +272,7 @@ def _write(
     optimizer_steps: int,
     adapter_config: Mapping[str, Any] | None,
     checkpoint: str | None,
+    pruning: Mapping[str, Any] | None,
 ) -> Path:
     adapter = module.adapter
     lora = adapter.lora is not None and not merged
@@ -272,7 +286,7 @@ def _write(
     card = {
         "base_model": base,
         "adapter": type(adapter).__name__,
-        "method": method(module),
+        "method": method(module, pruning),
         "iterations": int(module.iteration),
         "optimizer_steps": int(optimizer_steps),
         "reward": (metrics or {}).get("reward"),

@@ -106,7 +106,6 @@ class CheckpointState:
             "val_seed": self.val_seed,
             "val_samples": self.val_samples,
             "rollout": asdict(self.rollout_limits),
-            "pruning": asdict(self.pruning),
             "faults": asdict(self.faults),
             "memory_guard": asdict(self.memory_guard),
             "compute_cost": asdict(self.compute_cost),

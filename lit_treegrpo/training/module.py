@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..core.compute import Compute, ComputeCost
 from ..core.loss import ClippedPolicyLoss, check_kl_reference
-from ..core.pruning import PruningConfig, PruningSchedule
+from ..core.pruning import NO_PRUNING, PruningConfig, PruningSource
 from ..core.rollout import RolloutTree
 from ..core.samples import ScoredSamples
 from ..core.seeding import generator
@@ -62,6 +62,9 @@ from .update import PolicyUpdate
 class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
     """Tree-structured GRPO on a diffusion adapter.
 
+    Pruning is not an option of the module: the fit's ``PruningSchedule`` callback owns it (a
+    constant schedule is fixed pruning; :meth:`pruning_at`), and without one every edge trains.
+
     Args:
         adapter: the model family (``lit_treegrpo.models``): SD15Adapter, SD3Adapter, a tiny one...
         reward: what scores the decoded images (videos) against their prompts: a registered name
@@ -75,8 +78,6 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             resumed run may change it.
         advantage: advantage estimator settings.
         loss: the clipped policy loss (clip range, advantage clip, KL weight, aggregation).
-        pruning: fixed edge pruning; for pruning that changes with the iteration, the
-            ``PruningSchedule`` callback attaches a schedule (:attr:`pruning_schedule`) instead.
         optimizer: optimizer over the trainable parameters; default AdamW(lr=1e-5, wd=1e-4) as
             TreeGRPO.
         lr_scheduler: optional LR scheduler, stepped once per training step.
@@ -116,7 +117,6 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         rollout: RolloutLimits = RolloutLimits(),
         advantage: AdvantageSettings = AdvantageSettings(),
         loss: ClippedPolicyLoss | None = None,
-        pruning: PruningConfig = PruningConfig(),
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         minibatches: int = 1,
@@ -161,9 +161,6 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
                 f"loss.kl_form flow_grpo needs a flow-matching adapter (its step size |dt|); "
                 f"{type(adapter).__name__} is not one: use kl_form exact"
             )
-        self.pruning = pruning
-        self.pruning_schedule: PruningSchedule | None = None  # attached by the PruningSchedule callback,
-        self.pruning_run_length: int | None = None  # with the run's length in iterations
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.minibatches = minibatches
@@ -276,12 +273,19 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             )
 
     def pruning_at(self, spec: TreeSpec) -> PruningConfig:
-        """This iteration's pruning: ``--model.pruning``, or the attached schedule's (``spec``: the
-        iteration's tree, whose stochastic steps a ``step_fraction`` draws from)."""
-        if self.pruning_schedule is None:
-            return self.pruning
+        """This iteration's pruning, as the fit's pruning owner says (a
+        :class:`~lit_treegrpo.core.pruning.PruningSource`: the ``PruningSchedule`` callback); every
+        edge trains without one. ``spec``: the iteration's tree, whose stochastic steps a
+        ``step_fraction`` draws from."""
+        trainer = self._trainer
+        owners = [c for c in trainer.callbacks if isinstance(c, PruningSource)] if trainer is not None else []
+        if not owners:
+            return NO_PRUNING
+        if len(owners) > 1:
+            names = ", ".join(type(c).__name__ for c in owners)
+            raise ValueError(f"the pruning has {len(owners)} owners ({names}); configure one pruning callback")
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
-        return self.pruning_schedule.at(self.iteration, self.pruning_run_length, stochastic, self.seed)
+        return owners[0].pruning_at(self.iteration, stochastic, self.seed)
 
     def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
@@ -290,7 +294,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self._warned_nothing_kept = True
         message = (
             f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
-            f"nothing ({pruning}); check --model.pruning or the PruningSchedule callback (warned once)"
+            f"nothing ({pruning}); check the PruningSchedule callback's options (warned once)"
         )
         warnings.warn(message, UserWarning, stacklevel=3)
 

@@ -286,7 +286,6 @@ SETTINGS_OPTIONS = {
     "val_seed": "--model.val_seed",
     "val_samples": "--model.val_samples",
     "rollout": "--model.rollout",
-    "pruning": "--model.pruning",
     "faults": "--model.faults",
     "memory_guard": "--model.memory_guard",
     "compute_cost": "--model.compute_cost",

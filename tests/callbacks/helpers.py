@@ -1,6 +1,6 @@
 """A stand-in for TreeGRPOModule with the interface the callbacks rely on, over a real tiny SD3.
 
-``adapter``, ``pruning``, ``iteration`` (completed steps, bumped at the end of ``training_step`` and
+``adapter``, ``pruning_at`` (asking the fit's pruning owner), ``iteration`` (completed steps, bumped at the end of ``training_step`` and
 checkpointed), ``sample(prompts, seed)``, and step outputs :class:`ScoredSamples` (without images;
 a training step's in Lightning's mapping, as the module returns it). Rewards are computed from the decoded images (brightness and redness); a training
 step takes one real optimizer step on the LoRA parameters.
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_treegrpo.core.pruning import PruningConfig
+from lit_treegrpo.core.pruning import NO_PRUNING, PruningConfig, PruningSource
 from lit_treegrpo.core.samples import ScoredSamples
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
@@ -46,8 +46,6 @@ class StandIn(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.adapter = tiny_adapter()
-        self.pruning = PruningConfig()
-        self.pruning_schedule = None  # attached by the PruningSchedule callback, as on TreeGRPOModule
         self.iteration = 0
         self.lr = lr
         self.nan_prompt = nan_prompt
@@ -67,13 +65,13 @@ class StandIn(pl.LightningModule):
             x = a.step(a.predict(x, i, cond), x, i, stochastic=False).prev_sample
         return a.decode(x)  # [P, 3, H, W]
 
+    def pruning_at(self) -> PruningConfig:
+        """As TreeGRPOModule.pruning_at: the fit's one pruning owner says (a tree of no steps)."""
+        owners = [c for c in self.trainer.callbacks if isinstance(c, PruningSource)]
+        return owners[0].pruning_at(self.iteration) if owners else NO_PRUNING
+
     def training_step(self, batch: list[str], batch_idx: int) -> dict[str, ScoredSamples]:
-        pruning = (
-            self.pruning
-            if self.pruning_schedule is None
-            else self.pruning_schedule.at(self.iteration, self.trainer.max_steps)
-        )
-        self.seen_pruning.append((self.iteration, pruning))
+        self.seen_pruning.append((self.iteration, self.pruning_at()))
         # like TreeGRPOModule, the data position is the iteration: Lightning restarts a plain
         # DataLoader at its first batch when it resumes from a checkpoint written at an epoch's end
         first = len(batch) * self.iteration % len(TRAIN_PROMPTS)

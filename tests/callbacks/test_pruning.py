@@ -131,3 +131,49 @@ def test_step_fraction_draws_a_seeded_subset_of_the_stochastic_steps() -> None:
     assert PruningSchedule().config_at(0, 100, sde).steps is None
     with pytest.raises(ValueError, match="step_fraction must be in"):
         PruningSchedule(step_fraction=0.0)
+
+
+def test_fixed_steps_are_trained_every_iteration_and_exclude_a_step_fraction() -> None:
+    fixed = PruningSchedule(steps=[3, 1])
+    assert [fixed.config_at(i, 100, [0, 1, 2, 3]).steps for i in (0, 7)] == [(3, 1), (3, 1)]
+    assert fixed.config_at(0, None) == PruningConfig(steps=(3, 1))
+    with pytest.raises(ValueError, match=r"PruningSchedule\.steps must be denoising step indices >= 0"):
+        PruningSchedule(steps=[-1])
+    with pytest.raises(ValueError, match=r"steps=\(1,\) and step_fraction=0.6 both choose the trained steps"):
+        PruningSchedule(steps=[1], step_fraction=0.6)
+
+
+def test_every_fixed_pruning_is_a_constant_schedule() -> None:
+    # the options of the old --model.pruning, each as a schedule that never changes
+    cases = [
+        (dict(width="parent_top1"), PruningConfig(width="parent_top1")),
+        (dict(width="extreme", extreme_n=2), PruningConfig(width="extreme", extreme_n=2)),
+        (dict(width="ratio", ratio=0.25), PruningConfig(width="ratio", ratio=0.25)),
+        (dict(depth_window=3, depth_start=1, depth_shift=0), PruningConfig(depth_window=(1, 4))),
+        (dict(depth_window=1, depth_shift=0, depth_mode="keep"), PruningConfig(depth_window=(0, 1), depth_mode="keep")),
+        (dict(steps=[0, 2]), PruningConfig(steps=(0, 2))),
+    ]
+    for options, fixed in cases:
+        schedule = PruningSchedule(**options)
+        assert [schedule.config_at(i, None, [0, 1, 2]) for i in (0, 29, 30, 10_000)] == [fixed] * 4, options
+
+
+def test_a_checkpoint_from_before_the_steps_option_resumes_silently() -> None:
+    saved = PruningSchedule(step_fraction=0.6).state_dict()
+    del saved["options"]["steps"]  # as written before the option existed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PruningSchedule(step_fraction=0.6).load_state_dict(saved)
+    with pytest.warns(UserWarning, match=r"steps: None -> \(2,\)"):
+        PruningSchedule(steps=[2]).load_state_dict(saved | {"options": {**saved["options"], "step_fraction": 1.0}})
+
+
+def test_the_export_card_reads_the_runs_pruning_from_its_checkpoint() -> None:
+    from dataclasses import asdict
+
+    from lit_treegrpo.runs.export import pruning_options
+
+    schedule = PruningSchedule(width="parent_top1", depth_window=2, steps=[1, 2])
+    checkpoint = {"callbacks": {"EMA": {"shadows": []}, schedule.state_key: schedule.state_dict()}}
+    assert pruning_options(checkpoint) == asdict(schedule.schedule) and pruning_options(checkpoint)["steps"] == (1, 2)
+    assert pruning_options({"callbacks": {"EMA": {"shadows": []}}}) is None  # no schedule: every edge trained

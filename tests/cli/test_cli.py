@@ -114,6 +114,14 @@ def test_ckpt_path_last_without_a_checkpoint_fails_clearly(tmp_path: Path) -> No
         (["--model.reward", "no_such_reward"], "unknown reward 'no_such_reward'"),
         (["--data.prompts", "/no/such/prompts.txt"], "--data.prompts"),
         (["--model.minibatches", "0"], "minibatches must be >= 1"),
+        (  # a callback's own check, not jsonargparse's "does not validate against any of the Union subtypes"
+            ["--trainer.callbacks+=lit_treegrpo.callbacks.PruningSchedule", "--trainer.callbacks.ratio=2"],
+            "--trainer.callbacks: PruningSchedule.ratio must be in (0, 1], got 2.0",
+        ),
+        (
+            ["--trainer.callbacks+=lit_treegrpo.callbacks.PruningSchedule"] * 2,
+            "--trainer.callbacks has 2 PruningSchedule callbacks; a fit has one pruning: keep one",
+        ),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path, capsys, monkeypatch, args, message) -> None:
@@ -294,7 +302,10 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
         (["--model.minibatches", "0"], "--model.minibatches must be >= 1, got 0"),
         (["--model.grad_clip", "0"], "--model.grad_clip must be > 0 or null"),
         (["--model.advantage.clip", "-1"], "--model.advantage: advantage.clip must be > 0 or null"),
-        (["--model.pruning.ratio", "2"], "--model.pruning: pruning.ratio must be in (0, 1]"),
+        (
+            ["--model.pruning.ratio", "0.5"],
+            "--model.pruning.ratio: no longer an option; the PruningSchedule callback owns the pruning",
+        ),
         (
             ["--model.loss", "lit_treegrpo.core.ClippedPolicyLoss", "--model.loss.clip_range", "0"],
             "--model.loss: loss.clip_range must be > 0",

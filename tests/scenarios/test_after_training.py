@@ -109,6 +109,7 @@ def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp
     card = json.loads((tmp_path / "lora" / "export.json").read_text())
     assert card["iterations"] == 4 and card["optimizer_steps"] == 8 and card["weights"] == "LoRA"
     assert card["base_model"] == "TinySD3Adapter(seed=0)" and card["method"]["advantage"]["method"] == "mean"
+    assert card["method"]["pruning"] is None  # configs/tiny.yaml has no PruningSchedule
     assert card["reward"] is not None and card["held_out_reward"] is not None and card["ema"]["num_updates"] == 4
     assert "pipe.load_lora_weights(DIR)" in (tmp_path / "lora" / "README.md").read_text()
 

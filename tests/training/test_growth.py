@@ -7,8 +7,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lit_treegrpo.callbacks import TreeView
-from lit_treegrpo.core import PruningConfig, RolloutTree, ScoredSamples, TreeSpec
+from lit_treegrpo.callbacks import PruningSchedule, TreeView
+from lit_treegrpo.core import RolloutTree, ScoredSamples, TreeSpec
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
 from lit_treegrpo.training.growth import GrownTree, TreeGrowth
@@ -36,10 +36,10 @@ class _Spy(L.Callback):
         self.samples.append(ScoredSamples.of(outputs))
 
 
-def _fit_one_step(model: TreeGRPOModule, tmp_path) -> L.Trainer:
+def _fit_one_step(model: TreeGRPOModule, tmp_path, *callbacks: L.Callback) -> L.Trainer:
     spy = _Spy(model)
     # one prompt per step: its tree is batched alone, as TreeView's is
-    trainer = fit(model, 1, tmp_path, batch_size=1, callbacks=[spy])
+    trainer = fit(model, 1, tmp_path, batch_size=1, callbacks=[spy, *callbacks])
     model.spy = spy
     return trainer
 
@@ -51,10 +51,9 @@ def test_tree_view_draws_the_tree_a_training_step_grows_from_the_same_noise(tmp_
         TinySD3Adapter(num_steps=3, guidance_scale=1.0),
         reward=Brightness(),
         tree=SPEC,
-        pruning=PruningConfig(width="extreme"),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.0),
     )
-    _fit_one_step(model, tmp_path)
+    _fit_one_step(model, tmp_path, PruningSchedule(width="extreme"))  # TreeView asks the same owner
     (prompts, trained), samples = model.spy.grown[0], model.spy.samples[0]
     assert len(model.spy.grown) == 1 and len(prompts) == 1
 

@@ -109,13 +109,14 @@ class _Counting(torch.optim.SGD):
 
 
 def test_pruning_and_kl_paths_train(tmp_path) -> None:
+    from lit_treegrpo.callbacks import PruningSchedule
+
     model = module(
-        pruning=PruningConfig(width="parent_top1"),
         loss=ClippedPolicyLoss(kl_beta=0.1),
         advantage=AdvantageSettings(method="branch_fusion", beta=1.0, clip=3.0),
     )
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
-    trainer = fit(model, 2, tmp_path)
+    trainer = fit(model, 2, tmp_path, callbacks=[PruningSchedule(width="parent_top1")])
     metrics = trainer.callback_metrics
     # parent_top1 at the last split keeps 2 + 2 of the 2 + 4 edges of each prompt
     assert metrics["train/edges_kept"] == 8 and metrics["train/edges"] == 12
@@ -704,16 +705,19 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
 
 
 def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
-    # SPEC's edges have depths 0 and 1; dropping depths [0, 2) leaves nothing to train
-    model = module(pruning=PruningConfig(depth_window=(0, 2), depth_mode="drop"))
+    from lit_treegrpo.callbacks import PruningSchedule
+
+    # SPEC's edges have depths 0 and 1; dropping the fixed depths [0, 2) leaves nothing to train
+    fixed = PruningSchedule(depth_window=2, depth_start=0, depth_shift=0, depth_mode="drop")
+    model = module()
     before = [p.detach().clone() for p in model.adapter.trainable_parameters()]
     with pytest.warns(UserWarning, match=r"pruning kept none of the 12 edges, so this step trains nothing") as caught:
-        fit(model, 2, tmp_path, max_epochs=1, limit_train_batches=2)
+        fit(model, 2, tmp_path, max_epochs=1, limit_train_batches=2, callbacks=[fixed])
     assert sum("pruning kept none" in str(w.message) for w in caught) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))
 
 
-def test_the_pruning_schedule_callback_is_applied_by_the_module_and_never_overwrites_model_pruning(tmp_path) -> None:
+def test_the_pruning_schedule_callback_is_the_one_owner_of_the_pruning(tmp_path) -> None:
     from lit_treegrpo.callbacks import PruningSchedule
 
     model = module()
@@ -723,10 +727,24 @@ def test_the_pruning_schedule_callback_is_applied_by_the_module_and_never_overwr
     schedule = PruningSchedule(depth_window=1, depth_every=1, depth_stop=1)
     fit(model, 3, tmp_path, max_epochs=1, limit_train_batches=3, callbacks=[schedule])
     assert [p.depth_window for p in seen] == [(0, 1), (1, 2), (1, 2)]  # the schedule's, per iteration
-    assert model.pruning == PruningConfig() and model.pruning_schedule is None  # config untouched, detached
-    both = module(pruning=PruningConfig(width="ratio"))
-    with pytest.raises(ValueError, match="both --model.pruning .* and the PruningSchedule callback"):
-        fit(both, 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule()])
+    assert not hasattr(model, "pruning") and not hasattr(model, "pruning_schedule")  # nothing held or injected
+    # without the callback every edge trains
+    unpruned = module()
+    asked = unpruned.pruning_at
+    unpruned.pruning_at = lambda spec: seen.append(asked(spec)) or seen[-1]  # type: ignore[method-assign]
+    seen.clear()
+    fit(unpruned, 1, tmp_path / "none", max_epochs=1, limit_train_batches=1)
+    assert seen == [PruningConfig()]
+
+    # two owners are refused (two PruningSchedules: by Lightning and, from the CLI, in one line first)
+    class Mine(L.Callback):
+        def pruning_at(self, iteration: int, stochastic_steps, run_seed: int) -> PruningConfig:
+            return PruningConfig(width="ratio")
+
+    with pytest.raises(ValueError, match=r"^the pruning has 2 owners \(PruningSchedule, Mine\); configure one"):
+        fit(module(), 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule(), Mine()])
+    with pytest.raises(TypeError, match="pruning"):
+        module(pruning=PruningConfig(width="ratio"))  # not an option of the module any more
 
 
 class _Metrics(L.Callback):
