@@ -25,7 +25,7 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 EXTENDING = DOCS / "extending.md"
-TEST_COMMAND = "HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python -m pytest -q"
+TEST_COMMAND = "HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python -m pytest -q -n 2"
 MAIN_JOB = "python -m lit_treegrpo fit --config configs/shapes.yaml"
 
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -69,7 +69,7 @@ def test_the_readme_is_short_and_keeps_the_commands_ci_and_users_run() -> None:
     assert TEST_COMMAND in text  # .ci/run runs "the README's test command"
     ci = (REPO / ".ci" / "run").read_text()
     assert "export HF_HUB_OFFLINE=1" in ci and "export OMP_NUM_THREADS=1" in ci
-    assert "\npython -m pytest -q\n" in ci
+    assert "\npython -m pytest -q -n 2\n" in ci
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
