@@ -27,6 +27,7 @@ from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
 from ..rewards import REWARDS, check_reward_names
 from ..training.faults import FaultPolicy
+from ..training.health import HealthChecks
 from ..training.memory_guard import MemoryGuard
 from ..training.resume import (
     ADAPTER_MEMORY_OPTIONS,
@@ -101,6 +102,7 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
     _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
     _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
+    _build("--model.health", lambda: HealthChecks(**_plain(model["health"])))
     loss = _build("--model.loss", lambda: _loss(model.get("loss")))
     adapter = model.get("adapter")
     adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None

@@ -54,6 +54,7 @@ class LossOutput(NamedTuple):
     ratio_mean: Tensor  # [] mean importance ratio
     clip_frac: Tensor  # [] fraction of edges whose ratio lies outside the clip range
     approx_kl: Tensor  # [] 0.5 * mean((log_prob - old_log_prob)^2), the policy drift
+    ratio_dev_max: Tensor  # [] largest |ratio - 1| over the edges (0 before any update when on-policy)
 
 
 class ClippedPolicyLoss(nn.Module):
@@ -150,6 +151,7 @@ class ClippedPolicyLoss(nn.Module):
         with torch.no_grad():
             clip_frac = ((ratio < 1.0 - self.clip_low) | (ratio > 1.0 + self.clip_high)).float().mean()
             approx_kl = 0.5 * log_ratio.square().mean()
+            ratio_dev_max = (ratio - 1.0).abs().max()
         return LossOutput(
             loss,
             policy_loss.detach(),
@@ -157,6 +159,7 @@ class ClippedPolicyLoss(nn.Module):
             ratio.detach().mean(),
             clip_frac,
             approx_kl.detach(),
+            ratio_dev_max.detach(),
         )
 
     def _aggregate(self, per_edge: Tensor, group: Tensor | None) -> Tensor:

@@ -48,6 +48,7 @@ from .checkpoint_state import CheckpointState
 from .evaluation import Evaluation
 from .faults import FaultLedger, FaultPolicy, StepPlan
 from .growth import TreeGrowth
+from .health import HealthChecks
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
 from .resume import (
     ConfiguredOptimizer,
@@ -107,6 +108,9 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             forwards, scored images) into compute units (``compute/*`` metrics; see
             :mod:`lit_treegrpo.core.compute`): a trained forward with its backward is 3 sampling
             forwards by default.
+        health: the on-policy check: the largest ``|ratio - 1|`` of each iteration's first
+            micro-batch, before any update, is logged (``health/ratio_dev_at_start``) and warned
+            about above ``ratio_tolerance`` (default by dtype; :mod:`~lit_treegrpo.training.health`).
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         faults: FaultPolicy = FaultPolicy(),
         memory_guard: MemoryGuard = MemoryGuard(),
         compute_cost: ComputeCost = ComputeCost(),
+        health: HealthChecks = HealthChecks(),
     ) -> None:
         super().__init__()
         tree = tree.with_num_steps(adapter.num_steps)  # the adapter owns the number of steps
@@ -173,6 +178,8 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self.val_samples = val_samples
         self.faults = faults
         self.memory_guard = memory_guard
+        self.health = health
+        self._warned_off_policy = False
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
         self.rollout_guard = RolloutGuard(
             memory_guard, rollout.max_batch
@@ -256,6 +263,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         )
         self._warn_if_nothing_kept(plan, tree, grown.pruning)
         update = self._update(tree, grown.cond, grown.advantages, grown.keep, first) if plan.train else NO_UPDATE
+        self._check_on_policy(update)
         timer.lap("train")
         ledger.end_step(plan, update.steps, update.fault, self.iteration)
 
@@ -286,6 +294,16 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             raise ValueError(f"the pruning has {len(owners)} owners ({names}); configure one pruning callback")
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
         return owners[0].pruning_at(self.iteration, stochastic, self.seed)
+
+    def _check_on_policy(self, update: Update) -> None:
+        """Warn (once) when the first micro-batch's ratios, before any update, were not 1 (one
+        host read per iteration, after the updates)."""
+        if update.ratio_dev_at_start is None or self._warned_off_policy:
+            return
+        message = self.health.off_policy(float(update.ratio_dev_at_start), self.adapter.dtype, self.iteration)
+        if message is not None:
+            self._warned_off_policy = True
+            warnings.warn(message, UserWarning, stacklevel=2)
 
     def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
         """Warn (once) when pruning, not a fault, left nothing to train on any rank."""

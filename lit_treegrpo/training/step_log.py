@@ -45,6 +45,7 @@ class Update(NamedTuple):
     compute: Compute  # forwards of the log-prob recomputation (trained) and of the KL reference
     steps: int  # optimizer steps taken
     fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
+    ratio_dev_at_start: Tensor | None = None  # [] max |ratio - 1| of the first micro-batch, before any update
 
 
 NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing
@@ -119,6 +120,8 @@ def step_metrics(
                 "nfe/train": float(update.compute.trained + update.compute.reference),
             }
         )
+    if update.ratio_dev_at_start is not None:
+        logged["health/ratio_dev_at_start"] = update.ratio_dev_at_start
     return StepMetrics(shown, logged)
 
 

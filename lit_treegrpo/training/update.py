@@ -30,6 +30,16 @@ from ..models.base import Cond
 from .faults import grads_finite
 from .step_log import Update
 
+#: loss statistics that combine over micro-batches by their maximum (the others: by their mean)
+BY_MAX = frozenset({"ratio_dev_max"})
+
+
+def combine(name: str, total: Any, value: Any) -> Any:
+    """``total`` with one more micro-batch's ``value`` of the statistic ``name`` (:data:`BY_MAX`)."""
+    if name not in BY_MAX:
+        return total + value
+    return value if isinstance(total, float) else torch.maximum(total, value)  # the first: 0.0
+
 
 class PolicyUpdate:
     """The training step's update (see the module docstring); a base class of ``TreeGRPOModule``."""
@@ -47,6 +57,7 @@ class PolicyUpdate:
         fault = None
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         num_updates = self._updates_per_epoch(keep)
+        at_start: Tensor | None = None  # the on-policy check: the first micro-batch, before any update
         for _ in range(self.inner_epochs):
             batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
             chunks = self._forwards_per_micro_batch(tree, batches)
@@ -62,8 +73,10 @@ class PolicyUpdate:
                 # backward passes; the optimizer step below is what the check refuses
                 if bad_loss is None and not bool(torch.isfinite(loss)):
                     bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
+                if at_start is None and edges.numel():
+                    at_start = stats.ratio_dev_max
                 forwards, micro = forwards + n, micro + 1
-                totals = [total + value for total, value in zip(totals, stats)]
+                totals = [combine(name, total, value) for name, total, value in zip(LossOutput._fields, totals, stats)]
                 if not last:
                     continue
                 if self.grad_clip is not None:
@@ -82,7 +95,8 @@ class PolicyUpdate:
         scheduler = self.lr_schedulers()
         if scheduler is not None and steps:
             scheduler.step()
-        return Update(LossOutput(*(total / max(micro, 1) for total in totals)), forwards, steps, fault)
+        means = (total if name in BY_MAX else total / max(micro, 1) for name, total in zip(LossOutput._fields, totals))
+        return Update(LossOutput(*means), forwards, steps, fault, at_start)
 
     def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
         """How many forwards each micro-batch runs as (the training guard's split: one each while
@@ -121,7 +135,8 @@ class PolicyUpdate:
                 self.manual_backward(loss * share / self.accumulate)
             weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
             combined = [
-                total + weights[name] * value for total, name, value in zip(combined, LossOutput._fields, stats)
+                combine(name, total, value if name in BY_MAX else weights[name] * value)
+                for total, name, value in zip(combined, LossOutput._fields, stats)
             ]
             forwards = forwards + n
         stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
