@@ -55,6 +55,9 @@ class LossOutput(NamedTuple):
     clip_frac: Tensor  # [] fraction of edges whose ratio lies outside the clip range
     approx_kl: Tensor  # [] 0.5 * mean((log_prob - old_log_prob)^2), the policy drift
     ratio_dev_max: Tensor  # [] largest |ratio - 1| over the edges (0 before any update when on-policy)
+    ratio_std: Tensor  # [] population std of the importance ratios
+    clip_frac_low: Tensor  # [] fraction of edges with ratio < 1 - clip_range
+    clip_frac_high: Tensor  # [] fraction of edges with ratio > 1 + clip_range_high
 
 
 class ClippedPolicyLoss(nn.Module):
@@ -149,7 +152,8 @@ class ClippedPolicyLoss(nn.Module):
         kl_loss = self._aggregate(kl, group)  # []
         loss = policy_loss + self.kl_beta * kl_loss
         with torch.no_grad():
-            clip_frac = ((ratio < 1.0 - self.clip_low) | (ratio > 1.0 + self.clip_high)).float().mean()
+            low, high = ratio < 1.0 - self.clip_low, ratio > 1.0 + self.clip_high  # [B]
+            clip_frac = (low | high).float().mean()
             approx_kl = 0.5 * log_ratio.square().mean()
             ratio_dev_max = (ratio - 1.0).abs().max()
         return LossOutput(
@@ -160,6 +164,9 @@ class ClippedPolicyLoss(nn.Module):
             clip_frac,
             approx_kl.detach(),
             ratio_dev_max.detach(),
+            ratio.detach().std(unbiased=False),
+            low.float().mean(),
+            high.float().mean(),
         )
 
     def _aggregate(self, per_edge: Tensor, group: Tensor | None) -> Tensor:

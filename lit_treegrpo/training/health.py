@@ -1,4 +1,4 @@
-"""Is the run healthy: the on-policy check.
+"""Is the run healthy: the on-policy check, and what GRPO learns from (:func:`tree_health`).
 
 Before the first optimizer step of an iteration the policy is the one that sampled the tree, so
 every importance ratio ``exp(log_prob - old_log_prob)`` of the first micro-batch should be 1 up to
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 #: the default tolerance by the denoiser's dtype. Measured on this project's CPU: 0 (tiny SD3,
 #: float32 and bfloat16) and 2.4e-7 (tiny SD 1.5, float32; two float32 ulps of 1.0); a ratio is
@@ -60,3 +61,38 @@ class HealthChecks:
             "the batch), another dtype or autocast, another guidance scale (CFG) or scheduler between sampling and "
             "the training pass. Set --model.health.ratio_tolerance to move the threshold (warned once)"
         )
+
+
+def tree_health(
+    rewards: Tensor, leaf_prompt: Tensor, num_prompts: int, advantages: Tensor, edge_depth: Tensor
+) -> dict[str, Tensor]:
+    """What GRPO learns from, per step (``health/*``):
+
+    - ``reward_spread``: the mean over prompts of the population std of each prompt's finite leaf
+      ``rewards`` [L] (``leaf_prompt`` [L]); falling towards 0 means the trees stop telling their
+      leaves apart, and the advantages (rewards over that std) stop carrying signal.
+    - ``zero_spread_frac``: the fraction of prompts (with finite rewards) whose leaves all scored
+      the same (std <= 1e-6): those prompts train on zero advantages.
+    - ``adv_abs_depth<d>``: the mean ``|advantage|`` of the edges at depth ``d`` (``advantages`` and
+      ``edge_depth`` [E]): which depths of the tree receive credit.
+    """
+    finite = torch.isfinite(rewards)  # [L]
+    r = torch.where(finite, rewards.float(), 0.0)  # [L]
+    count = torch.zeros(num_prompts, device=r.device).index_add_(0, leaf_prompt, finite.float())  # [P]
+    total = torch.zeros(num_prompts, device=r.device).index_add_(0, leaf_prompt, r)  # [P]
+    mean = total / count.clamp(min=1)  # [P]
+    sq = torch.where(finite, (r - mean[leaf_prompt]).square(), 0.0)  # [L]
+    std = (torch.zeros(num_prompts, device=r.device).index_add_(0, leaf_prompt, sq) / count.clamp(min=1)).sqrt()
+    scored = count > 0  # [P] prompts with a finite reward
+    n = scored.float().sum().clamp(min=1)
+    metrics = {
+        "health/reward_spread": (std * scored).sum() / n,
+        "health/zero_spread_frac": ((std <= 1e-6) & scored).float().sum() / n,
+    }
+    depth_count = torch.bincount(edge_depth)  # [D]
+    depth_total = torch.zeros(depth_count.shape[0], device=advantages.device).index_add_(
+        0, edge_depth, advantages.float().abs()
+    )  # [D]
+    for d in range(depth_count.shape[0]):  # the tree's depths: a few, known on the host from its spec
+        metrics[f"health/adv_abs_depth{d}"] = depth_total[d] / depth_count[d].clamp(min=1)
+    return metrics

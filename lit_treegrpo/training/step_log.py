@@ -16,6 +16,7 @@ from ..core.loss import LossOutput
 from ..core.rollout import RolloutTree
 from ..core.samples import ScoredSamples
 from .faults import Scored, Screened
+from .health import tree_health
 
 
 class PhaseTimer:
@@ -82,7 +83,9 @@ def step_metrics(
     statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
     step's counted work and ``compute_total`` the run's so far, this step included: each kind as
     ``compute/<kind>`` and their total in units under ``cost`` as ``compute/units`` (this step) and
-    ``compute/units_total`` (the run: the x-axis to compare methods on).
+    ``compute/units_total`` (the run: the x-axis to compare methods on). The health metrics
+    (``health/*``: :func:`~lit_treegrpo.training.health.tree_health`, samples and compute units
+    per second of the step's phases) and the update's ratio and clip statistics come with them.
 
     ``step`` is not a scalar but the x-axis Lightning logs every metric of the step at
     (:data:`X_AXIS`): this step's index, ``iteration - 1``, the number of updates the weights that
@@ -106,12 +109,20 @@ def step_metrics(
         X_AXIS: float(iteration - 1),
     }
     logged.update({f"faults/{name}": float(value) for name, value in fault_counts.items()})
+    logged.update(tree_health(rewards, tree.leaf_prompt, tree.num_prompts, advantages, tree.edge_depth))
+    seconds = sum(laps.values())  # the step's phases: rollout, reward, advantages, train
+    if seconds > 0:
+        logged["health/samples_per_s"] = tree.num_leaves / seconds
+        logged["health/units_per_s"] = compute.units(cost) / seconds
     if update.stats is not None:
         stats = update.stats
         shown["loss"] = stats.loss
         logged.update(
             {
                 "train/clip_frac": stats.clip_frac,
+                "train/clip_frac_low": stats.clip_frac_low,
+                "train/clip_frac_high": stats.clip_frac_high,
+                "train/ratio_std": stats.ratio_std,
                 "train/approx_kl": stats.approx_kl,
                 "train/ratio_mean": stats.ratio_mean,
                 "train/kl": stats.kl,

@@ -38,6 +38,11 @@ def test_three_regimes_hand_numbers() -> None:
     expected_kl = 0.5 * sum(math.log(r) ** 2 for r in [1.1, 1.5, 0.5, 0.5]) / 4
     assert out.approx_kl.item() == pytest.approx(expected_kl, rel=1e-5)
     assert out.ratio_dev_max.item() == pytest.approx(0.5, abs=1e-6)  # |0.5 - 1| and |1.5 - 1|
+    # clipped low: edges 2 and 3 (0.5 < 0.8); high: edge 1 (1.5 > 1.2)
+    assert out.clip_frac_low.item() == pytest.approx(2 / 4) and out.clip_frac_high.item() == pytest.approx(1 / 4)
+    mean = (1.1 + 1.5 + 0.5 + 0.5) / 4
+    expected_std = math.sqrt(sum((r - mean) ** 2 for r in [1.1, 1.5, 0.5, 0.5]) / 4)
+    assert out.ratio_std.item() == pytest.approx(expected_std, rel=1e-5)
     out.loss.backward()
     # d/dlp of -A*ratio = -A*ratio / 4 where unclipped; 0 where the clipped branch is active
     torch.testing.assert_close(lp.grad, torch.tensor([-2.0 * 1.1 / 4, 0.0, 0.0, -1.0 * 0.5 / 4]), atol=1e-6, rtol=0)

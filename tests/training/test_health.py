@@ -81,3 +81,42 @@ def test_the_tolerance_follows_the_dtype_unless_given() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=r"^health.ratio_tolerance must be > 0 or null"):
             HealthChecks(ratio_tolerance=bad)
+
+
+def test_tree_health_by_hand() -> None:
+    from lit_treegrpo.training.health import tree_health
+
+    # prompt 0: rewards 1, 3 -> std 1; prompt 1: 2, 2 (zero spread); prompt 2: 5, NaN -> std 0 (one finite)
+    rewards = torch.tensor([1.0, 3.0, 2.0, 2.0, 5.0, float("nan")])
+    leaf_prompt = torch.tensor([0, 0, 1, 1, 2, 2])
+    advantages = torch.tensor([0.5, -1.0, 2.0, 0.0, -3.0])
+    edge_depth = torch.tensor([0, 0, 1, 1, 2])
+    got = {k: float(v) for k, v in tree_health(rewards, leaf_prompt, 3, advantages, edge_depth).items()}
+    assert got == {
+        "health/reward_spread": pytest.approx((1.0 + 0.0 + 0.0) / 3),
+        "health/zero_spread_frac": pytest.approx(2 / 3),
+        "health/adv_abs_depth0": pytest.approx(0.75),
+        "health/adv_abs_depth1": pytest.approx(1.0),
+        "health/adv_abs_depth2": pytest.approx(3.0),
+    }
+    # a prompt with no finite reward does not count in either mean
+    nan = torch.tensor([1.0, 3.0, float("nan"), float("nan")])
+    got = tree_health(nan, torch.tensor([0, 0, 1, 1]), 2, advantages[:1], edge_depth[:1])
+    assert float(got["health/reward_spread"]) == pytest.approx(1.0) and float(got["health/zero_spread_frac"]) == 0.0
+
+
+def test_the_step_logs_the_health_metrics(tmp_path) -> None:
+    trainer = fit(_module(), 2, tmp_path)
+    logged = trainer.callback_metrics
+    for name in (
+        "reward_spread",
+        "zero_spread_frac",
+        "adv_abs_depth0",
+        "adv_abs_depth1",
+        "samples_per_s",
+        "units_per_s",
+    ):
+        assert torch.isfinite(logged[f"health/{name}"]), name
+    assert float(logged["health/samples_per_s"]) > 0 and 0.0 <= float(logged["health/zero_spread_frac"]) <= 1.0
+    for name in ("clip_frac_low", "clip_frac_high", "ratio_std"):
+        assert torch.isfinite(logged[f"train/{name}"]), name
