@@ -411,6 +411,20 @@ class TreeGRPOCLI(LightningCLI):
             self.config_init[self.subcommand]["weights_only"] = True
         if self.subcommand == "fit":
             self._checkpoint = None  # preloaded into the CheckpointIO; the CLI keeps no reference
+        elif self._ckpt_path is None:
+            self._say_which_weights()
+
+    def _say_which_weights(self) -> None:
+        """validate / test / predict without ``--ckpt_path`` in a folder that holds a run score the
+        configured model's own weights, not the run's: say so, and how to score the run's."""
+        config = self.config[self.subcommand]
+        root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        last = root / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            rank_zero_info(
+                f"{self.subcommand}: no --ckpt_path, so this scores the configured model's own weights (the base "
+                f"model), not the run in {root}; add --ckpt_path last to score its {last}"
+            )
 
 
 def quiet_known_warnings() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,22 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
     assert not torch.allclose(untrained, trained, atol=1e-5)  # one iteration moved the LoRA
     torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-4)
+
+
+def test_validate_in_a_run_folder_without_ckpt_path_says_which_weights_it_scores(
+    tiny_run: Path, tmp_path: Path, caplog
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)  # validate logs into its folder; the module's run stays as it was
+    with caplog.at_level(logging.INFO):
+        _main("validate", "--config", str(TINY), "--trainer.default_root_dir", str(run), "--trainer.logger", "false")
+    said = [r.getMessage() for r in caplog.records if "no --ckpt_path" in r.getMessage()]
+    assert said == [
+        "validate: no --ckpt_path, so this scores the configured model's own weights (the base model), not the "
+        f"run in {run}; add --ckpt_path last to score its {run / 'checkpoints' / 'last.ckpt'}"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # with the run's checkpoint: nothing to say
+        _main("validate", "--config", str(TINY), "--trainer.default_root_dir", str(run), "--trainer.logger", "false",
+              "--ckpt_path", "last")  # fmt: skip
+    assert not [r for r in caplog.records if "no --ckpt_path" in r.getMessage()]
