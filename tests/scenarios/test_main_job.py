@@ -47,3 +47,6 @@ def test_the_shapes_job_raises_the_held_out_reward_and_keeps_diversity(tmp_path:
     assert tuned > base + 0.03, (base, tuned)  # measured: 0.630 -> ~0.72 after 50 steps
     assert diversity > 0.5 * base_diversity, (base_diversity, diversity)
     assert len(scalar(tmp_path / "rl", "reward/mean")) == 60
+    images = EventAccumulator(str(tmp_path / "rl" / "tensorboard"), size_guidance={"images": 0})
+    images.Reload()
+    assert [e.step for e in images.Images("tree")] == [0, 50]  # the tree view, with the grid's rhythm
