@@ -70,7 +70,7 @@ class CheckpointOnInterrupt(pl.Callback):
             checkpointing.last_model_path = str(path)
         else:
             path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state (said, not defaulted)
         self.saved_to = path
         step = getattr(pl_module, "iteration", trainer.global_step)
         rank_zero_info(
