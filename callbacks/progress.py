@@ -14,6 +14,7 @@ counts describe adapters that are always in eval mode by design.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
@@ -68,16 +69,24 @@ class ProgressLines(Callback):
             stream = self.stream if self.stream is not None else sys.stdout
             print(text, file=stream, flush=True)
 
-    def _total(self, trainer: pl.Trainer) -> int | None:
+    def _total(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
+        """The iteration the fit ends at: ``--max_iterations``, or the iteration that reaches
+        ``trainer.max_steps`` when each iteration takes a fixed number of optimizer steps
+        (``TreeGRPOModule.optimizer_steps_per_iteration``); ``None`` when neither is known."""
         limits = [cb.max_iterations for cb in trainer.callbacks if isinstance(cb, IterationLimit)]
-        return min(limits) if limits else None
+        if limits:
+            return min(limits)
+        per_iteration = getattr(pl_module, "optimizer_steps_per_iteration", None)  # any LightningModule
+        if not per_iteration or trainer.max_steps is None or trainer.max_steps < 0:
+            return None
+        return pl_module.iteration + math.ceil(max(trainer.max_steps - trainer.global_step, 0) / per_iteration)
 
-    def _eta(self, trainer: pl.Trainer, iteration: int, now: float) -> str:
+    def _eta(self, trainer: pl.Trainer, pl_module: pl.LightningModule, iteration: int, now: float) -> str:
         """Time left from the fraction of the run done: iterations under an iteration limit, else
         optimizer steps out of ``max_steps`` (an iteration makes a varying number of them)."""
         assert self._start is not None
         t0, it0, steps0 = self._start
-        total = self._total(trainer)
+        total = self._total(trainer, pl_module)
         if total is not None:
             done, left = iteration - it0, total - iteration
         elif trainer.max_steps is not None and trainer.max_steps > 0:
@@ -93,7 +102,7 @@ class ProgressLines(Callback):
         now = time.perf_counter()
         self._start = (now, pl_module.iteration, trainer.global_step)
         self._last = (now, pl_module.iteration)
-        total = self._total(trainer)
+        total = self._total(trainer, pl_module)
         until = (
             f"to iteration {total}"
             if total
@@ -112,7 +121,7 @@ class ProgressLines(Callback):
         now, iteration = time.perf_counter(), pl_module.iteration
         assert self._start is not None
         first = iteration == self._start[1] + 1
-        total = self._total(trainer)
+        total = self._total(trainer, pl_module)
         due = iteration % self.every_n_iterations == 0 or iteration == total
         late = self.every_n_seconds is not None and now - self._last[0] >= self.every_n_seconds
         if not (first or due or late):
@@ -122,7 +131,7 @@ class ProgressLines(Callback):
         if reward is not None:
             text += f"  reward {float(reward):.4f}"
         per_it = (now - self._last[0]) / max(iteration - self._last[1], 1)
-        text += f"  {per_it:.2f} s/it{self._eta(trainer, iteration, now)}"
+        text += f"  {per_it:.2f} s/it{self._eta(trainer, pl_module, iteration, now)}"
         self._last = (now, iteration)
         self._print(trainer, text)
 

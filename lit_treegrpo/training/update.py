@@ -142,6 +142,13 @@ class PolicyUpdate:
         stats = LossOutput(*(torch.as_tensor(value, device=advantages.device) for value in combined))
         return stats.loss, stats, forwards
 
+    @property
+    def optimizer_steps_per_iteration(self) -> int | None:
+        """Optimizer steps a training iteration takes when that is fixed (``minibatches x
+        inner_epochs``; a skipped step takes none); ``None`` with ``edges_per_update``, where it
+        follows the edges pruning keeps."""
+        return None if self.edges_per_update is not None else self.minibatches * self.inner_epochs
+
     def _updates_per_epoch(self, keep: Tensor) -> int:
         """Optimizer steps per pass over the kept edges: ``minibatches``, or one per
         ``edges_per_update`` kept edges (the same count on every rank)."""
