@@ -26,12 +26,13 @@ filled with the colour has that colour as its background (no mass), one blob for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardModel
+from lit_treegrpo.rewards.base import RewardModel, RewardScores, check_finite
 from lit_treegrpo.shapes import world
 from lit_treegrpo.shapes.world import COLOURS, SHAPES, SIZES, ShapeSpec, parse_prompt
 
@@ -191,6 +192,16 @@ def analyse(images: Tensor, specs: list[ShapeSpec], *, slack: float = 0.08) -> S
     )
 
 
+#: the score's factors as reward components: name -> field of :class:`ShapesAnalysis`
+_FACTORS = {
+    "presence": ShapesAnalysis._fields.index("presence"),
+    "purity": ShapesAnalysis._fields.index("purity"),
+    "shape": ShapesAnalysis._fields.index("shape_score"),
+    "size": ShapesAnalysis._fields.index("size_score"),
+    "position": ShapesAnalysis._fields.index("position_score"),
+}
+
+
 class ShapesReward(RewardModel):
     """Verifiable prompt following in the Shapes world, in [0, 1] (see the module docstring).
 
@@ -222,6 +233,23 @@ class ShapesReward(RewardModel):
 
     def score_batch(self, images: Tensor, prompts: list[str]) -> Tensor:
         return analyse(images, [parse_prompt(p) for p in prompts], slack=self.slack).score
+
+    def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
+        """The score [B] and the factors it is the product of, as components (logged as
+        ``reward/<name>`` by ``RewardMetrics``): ``presence``, ``purity``, ``shape``, ``size``,
+        ``position``."""
+        self.check(images, prompts)
+        specs = [parse_prompt(p) for p in prompts]
+        step = self.max_batch or images.shape[0]
+        with torch.no_grad():
+            parts = [
+                analyse(images[i : i + step], specs[i : i + step], slack=self.slack) for i in range(0, len(specs), step)
+            ]
+        total = torch.cat([a.score for a in parts]).float()  # [B]
+        if check:
+            check_finite(total, self.name, list(prompts))
+        components = {name: torch.cat([a[i] for a in parts]).float() for name, i in _FACTORS.items()}  # name -> [B]
+        return RewardScores(total, components)
 
     def extra_repr(self) -> str:
         return f"slack={self.slack}, " + super().extra_repr()

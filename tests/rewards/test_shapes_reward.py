@@ -132,3 +132,18 @@ def test_bad_prompts_and_options_are_refused() -> None:
     with pytest.raises(ValueError, match="slack must be in"):
         ShapesReward(slack=0.0)
     assert isinstance(build_reward("shapes"), ShapesReward)
+
+
+def test_the_score_comes_with_its_factors_as_components() -> None:
+    images, scenes = references(PROMPTS[:12])
+    images[3] = 0.15  # an empty canvas: nothing present, so the score and its presence are 0
+    reward = ShapesReward()
+    scores = reward.score(images, scenes.prompts)
+    assert torch.equal(scores.total, reward(images, scenes.prompts))  # the total is the plain score
+    assert list(scores.components) == ["presence", "purity", "shape", "size", "position"]
+    product = torch.stack(list(scores.components.values())).prod(dim=0)  # the score is their product
+    torch.testing.assert_close(product, scores.total, rtol=1e-6, atol=1e-7)
+    assert scores.components["presence"][3] < 0.05 and scores.total[3] < 0.05
+    chunked = ShapesReward(max_batch=5).score(images, scenes.prompts)  # chunks of 5, 5, 2
+    assert torch.equal(chunked.total, scores.total)
+    assert all(torch.equal(chunked.components[k], v) for k, v in scores.components.items())
