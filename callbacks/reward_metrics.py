@@ -43,7 +43,7 @@ from typing_extensions import override
 
 from lit_treegrpo.core.samples import ScoredSamples
 
-from ._tensorboard import TensorBoardWriters
+from ._media import MediaWriters
 
 PromptStats = dict[str, list[float]]  # prompt -> [sum of rewards, number of leaves]
 
@@ -199,7 +199,7 @@ class RewardMetrics(Callback):
         self._metrics: dict[tuple[str, str], RewardStats] = {}  # (phase, name) -> statistics
         self._val_prompts: list[PromptStats] = []
         self._step_index: int | None = None
-        self._writers = TensorBoardWriters("RewardMetrics")
+        self._writers = MediaWriters("RewardMetrics")
 
     # ------------------------------------------------------------------------ helpers
     def _metric(self, phase: str, name: str, device: torch.device) -> RewardStats:
@@ -280,7 +280,7 @@ class RewardMetrics(Callback):
     def _write_text(self, trainer: pl.Trainer, tag: str, text: str, step: int) -> None:
         if trainer.is_global_zero:
             for writer in self._writers(trainer):
-                writer.add_text(tag, text, global_step=step)
+                writer.text(tag, text, step)
                 writer.flush()
 
     def _running_table_text(self) -> str:

@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from ._tensorboard import TensorBoardWriters
-from ._video import add_gif, gif_bytes, strip_frames
+from ._media import MediaWriters
+from ._video import gif_bytes, strip_frames
 from .drawing import captioned_grid
 from .ema import EMA
 from .iterations import EveryNIterations
@@ -126,7 +126,7 @@ class SampleGridLogger(EveryNIterations):
             raise ValueError(f"SampleGridLogger.fps and strip_frames must be >= 1, got {fps} and {strip_frames}")
         self.fps, self.strip_frames = int(fps), int(strip_frames)
         self.last_logged: int | None = None  # iteration of the latest grid
-        self._writers = TensorBoardWriters(f"SampleGridLogger(tag={tag!r})")
+        self._writers = MediaWriters(f"SampleGridLogger(tag={tag!r})")
         self._prompts_written = False
 
     @property
@@ -201,10 +201,10 @@ class SampleGridLogger(EveryNIterations):
             if not self._prompts_written:
                 rows = "\n".join(f"| {r} | {_cell(p)} |" for r, p in enumerate(self.prompts))
                 text = f"columns: seeds {self.seeds}\n\n| row | prompt |\n|---|---|\n{rows}"
-                writer.add_text(f"{self.tag}/prompts", text, global_step=iteration)
-            writer.add_image(self.tag, pixels, global_step=iteration, dataformats="HWC")
+                writer.text(f"{self.tag}/prompts", text, iteration)
+            writer.image(self.tag, np.asarray(pixels), iteration)
             if frames is not None:
-                add_gif(writer, f"{self.tag}/video", frames, iteration, self.fps)
+                writer.gif(f"{self.tag}/video", frames, iteration, self.fps)
             writer.flush()
         self._prompts_written = True
         if self.save_png:

@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from lit_treegrpo.core.seeding import generator as seeded
 
-from ._tensorboard import TensorBoardWriters
+from ._media import MediaWriters
 from .drawing import draw_tree
 from .iterations import EveryNIterations
 
@@ -71,7 +71,7 @@ class TreeView(EveryNIterations):
         self.save_png = save_png
         self.scale = int(scale)
         self.last_logged: int | None = None
-        self._writers = TensorBoardWriters(f"TreeView(tag={tag!r})")
+        self._writers = MediaWriters(f"TreeView(tag={tag!r})")
 
     @property
     @override
@@ -124,7 +124,7 @@ class TreeView(EveryNIterations):
         picture = self.picture(grown, iteration)
         pixels = np.asarray(picture)  # [H, W, 3] uint8
         for writer in self._writers(trainer):
-            writer.add_image(self.tag, pixels, global_step=iteration, dataformats="HWC")
+            writer.image(self.tag, pixels, iteration)
             writer.flush()
         if self.save_png:
             folder = Path(trainer.default_root_dir) / "samples"

@@ -75,12 +75,13 @@ from ..runs.run_folder import (
 )
 from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
-from .commands import ExportCommand, choose_weights, export_checkpoint
+from .commands import ExportCommand, choose_weights, export_checkpoint, say_which_weights
 from .run_output import (
     MAX_ITERATIONS_HELP,
     MAX_STEPS_HELP,
     compact_summary,
     iteration_limit,
+    loggers_in_run_folder,
     output_callbacks,
     quiet_startup,
 )
@@ -225,6 +226,7 @@ class TreeGRPOCLI(LightningCLI):
         # the processes a DDP launcher starts beside rank 0 find the folder already taken by it
         owner = self.subcommand == "fit" and launch_rank() == 0
         root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
+        loggers_in_run_folder(config["trainer"].get("logger"), root)
         if owner:
             try:
                 check_new_run(root, config.get("ckpt_path"), config.get("overwrite", False))
@@ -412,19 +414,8 @@ class TreeGRPOCLI(LightningCLI):
         if self.subcommand == "fit":
             self._checkpoint = None  # preloaded into the CheckpointIO; the CLI keeps no reference
         elif self._ckpt_path is None:
-            self._say_which_weights()
-
-    def _say_which_weights(self) -> None:
-        """validate / test / predict without ``--ckpt_path`` in a folder that holds a run score the
-        configured model's own weights, not the run's: say so, and how to score the run's."""
-        config = self.config[self.subcommand]
-        root = Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT)
-        last = root / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            rank_zero_info(
-                f"{self.subcommand}: no --ckpt_path, so this scores the configured model's own weights (the base "
-                f"model), not the run in {root}; add --ckpt_path last to score its {last}"
-            )
+            config = self.config[self.subcommand]
+            say_which_weights(self.subcommand, Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT))
 
 
 def quiet_known_warnings() -> None:

@@ -99,3 +99,14 @@ def choose_weights(trainer: Any, checkpoint: Mapping[str, Any] | None, *, raw: b
         f"evaluating the checkpoint's EMA weights ({state['num_updates']} updates); --raw_weights true "
         "for its training weights"
     )
+
+
+def say_which_weights(subcommand: str, root: Path) -> None:
+    """validate / test / predict without ``--ckpt_path`` in a folder ``root`` that holds a run
+    score the configured model's own weights, not the run's: say so, and how to score the run's."""
+    last = root / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        rank_zero_info(
+            f"{subcommand}: no --ckpt_path, so this scores the configured model's own weights (the base "
+            f"model), not the run in {root}; add --ckpt_path last to score its {last}"
+        )

@@ -7,6 +7,7 @@
   :func:`quiet_startup` drops log lines that carry nothing for a user of this project (an
   advertisement for a logging service; transformers' note that it falls back to its PIL image
   processors, which is what the rewards use).
+- Where: W&B and MLflow loggers left at their defaults write into the run folder (:func:`loggers_in_run_folder`).
 - Length: ``--max_iterations`` counts training iterations (:class:`~lit_treegrpo.callbacks.IterationLimit`),
   ``--trainer.max_steps`` Lightning's optimizer steps; the ``--help`` of both says which is which.
 """
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.rich_model_summary import RichModelSummary
 from lightning.pytorch.utilities import rank_zero_info
@@ -103,3 +106,22 @@ def iteration_limit(config: dict[str, Any], callbacks: list[Any], max_iterations
     if config.get("max_epochs") is None:
         config["max_epochs"] = -1  # the limit is the iteration count; no "1000 epochs" default or warning
     return [*callbacks, limit]
+
+
+def loggers_in_run_folder(loggers: Any, root: Path) -> None:
+    """Loggers (the parsed ``--trainer.logger``) left at defaults that write into the working
+    directory write into the run folder ``root`` instead: a ``WandbLogger``'s ``save_dir`` (named
+    after the folder unless it is given a name), an ``MLFlowLogger``'s ``artifact_location`` (its
+    images and tables, ``<root>/mlflow_artifacts``; the metrics go to its tracking store)."""
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if not isinstance(args, Namespace):
+            continue
+        kind = str(logger.get("class_path", "")).rsplit(".", 1)[-1]
+        if kind == "WandbLogger":
+            if args.get("save_dir") in (None, ".") and args.get("dir") is None:
+                args["save_dir"] = str(root)
+            if args.get("name") is None:
+                args["name"] = root.name
+        elif kind == "MLFlowLogger" and args.get("artifact_location") is None:
+            args["artifact_location"] = str((root / "mlflow_artifacts").resolve())
