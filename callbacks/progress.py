@@ -146,7 +146,9 @@ class ProgressLines(Callback):
         value = trainer.callback_metrics.get("val/reward")
         took = time.perf_counter() - self._val_start if self._val_start is not None else 0.0
         shown = f"{float(value):.4f}" if value is not None else "not logged"
-        self._print(trainer, f"iteration {pl_module.iteration}  held-out reward {shown}  (validation {took:.1f} s)")
+        total = self._total(trainer, pl_module)
+        where = f"iteration {pl_module.iteration}" + (f"/{total}" if total else "")
+        self._print(trainer, f"{where}  held-out reward {shown}  (validation {took:.1f} s)")
         self._last = (self._last[0] + took, self._last[1])  # s/it counts training time only
 
     @override

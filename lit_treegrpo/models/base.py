@@ -190,6 +190,10 @@ class DiffusionAdapter(nn.Module, ABC):
     #: the local folder the weights were loaded from, which an export names as its base model; None:
     #: a hub id (the pipeline names it) or a model built in memory
     source: str | None = None
+    #: for a model built in code (the tiny ones): the import and the call that build a plain pipeline
+    #: of the base model, without this adapter's LoRA (what an export's card loads into); None: the
+    #: base is loaded by ``from_pretrained`` of :attr:`source` or the hub id
+    base_pipeline_code: tuple[str, str] | None = None
     #: :meth:`decode` gives videos [B, F, 3, H, W], not images: the module then needs a video reward
     makes_video: bool = False
     #: the denoiser's block lists that :meth:`shard` shards one block at a time (diffusers' names:

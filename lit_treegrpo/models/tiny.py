@@ -293,6 +293,10 @@ class TinySD15Adapter(SD15Adapter):
 
     def __init__(self, seed: int = 0, *, prediction_type: str = "epsilon", **kwargs: Any) -> None:
         super().__init__(tiny_sd15_pipeline(seed, prediction_type=prediction_type), **kwargs)
+        self.base_pipeline_code = (
+            "from lit_treegrpo.models.tiny import tiny_sd15_pipeline",
+            f"tiny_sd15_pipeline(seed={seed}, prediction_type={prediction_type!r})",
+        )
 
 
 class TinySD3Adapter(SD3Adapter):
@@ -300,7 +304,12 @@ class TinySD3Adapter(SD3Adapter):
     false). Every other option is SD3Adapter's."""
 
     def __init__(self, seed: int = 0, **kwargs: Any) -> None:
-        super().__init__(tiny_sd3_pipeline(seed, with_t5=kwargs.get("use_t5", True)), **kwargs)
+        with_t5 = kwargs.get("use_t5", True)
+        super().__init__(tiny_sd3_pipeline(seed, with_t5=with_t5), **kwargs)
+        self.base_pipeline_code = (
+            "from lit_treegrpo.models.tiny import tiny_sd3_pipeline",
+            f"tiny_sd3_pipeline(seed={seed}, with_t5={with_t5})",
+        )
 
 
 class TinyFluxAdapter(FluxAdapter):
@@ -311,3 +320,7 @@ class TinyFluxAdapter(FluxAdapter):
         kwargs.setdefault("resolution", 32)
         kwargs.setdefault("max_sequence_length", 128)  # the tiny T5 tokenizer's limit
         super().__init__(tiny_flux_pipeline(seed, schnell=schnell), **kwargs)
+        self.base_pipeline_code = (
+            "from lit_treegrpo.models.tiny import tiny_flux_pipeline",
+            f"tiny_flux_pipeline(seed={seed}, schnell={schnell})",
+        )

@@ -87,3 +87,7 @@ class TinyWanAdapter(WanAdapter):
             max_sequence_length=max_sequence_length,
             **kwargs,
         )
+        self.base_pipeline_code = (
+            "from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline",
+            f"tiny_wan_pipeline(seed={seed})",
+        )

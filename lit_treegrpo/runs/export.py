@@ -186,10 +186,11 @@ def how_to_load(adapter: DiffusionAdapter, lora: bool, base: str) -> str:
             )
         return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
     pipeline = type(adapter.pipeline).__name__
-    # a base without a hub id or folder (a tiny model built from a seed) is its adapter's pipeline
-    if base.endswith(")"):
-        cls = type(adapter)
-        load_base = f"from {cls.__module__} import {cls.__name__}\npipe = {base}.pipeline"
+    if adapter.base_pipeline_code is not None:
+        # a model built in code (a tiny one from a seed): a plain pipeline of it, without the
+        # adapter's own LoRA, so that the export loads as the only LoRA
+        imports, call = adapter.base_pipeline_code
+        load_base = f"{imports}\npipe = {call}"
     else:
         load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
     if lora:

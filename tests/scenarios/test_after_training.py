@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -61,9 +63,22 @@ def test_fit_with_stdout_to_a_file_prints_progress_lines(tiny_run: Path) -> None
     assert lines[0] == "training from iteration 0 to iteration 4"
     assert any(line.startswith("iteration 1/4  reward ") and " s/it  ETA " in line for line in lines), lines
     assert any(line.startswith("iteration 4/4  reward ") for line in lines), lines
-    assert [line.split("  ")[0] for line in lines if "held-out reward" in line] == ["iteration 2", "iteration 4"]
+    assert [line.split("  ")[0] for line in lines if "held-out reward" in line] == ["iteration 2/4", "iteration 4/4"]
     assert lines[-1].startswith("finished at iteration 4: 4 iterations in ")
     assert not any("\r" in line or "━" in line for line in lines)  # no progress bar drawn into the file
+
+
+def _shape(line: str) -> str:
+    """A progress line with its durations and numbers blanked: what a docs example must share."""
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\b(\d+h )?(\d+m )?\d+s\b", "D", line))
+
+
+def test_the_docs_progress_lines_are_the_lines_the_program_prints(tiny_run: Path) -> None:
+    printed = {_shape(line) for line in (tiny_run / "stdout.txt").read_text().splitlines()}
+    text = (REPO / "docs" / "after_training.md").read_text()
+    block = text.split("replaced by plain lines", 1)[1].split("```\n", 2)[1]  # the first fenced block after it
+    documented = [line for line in block.splitlines() if line != "..."]
+    assert len(documented) == 5 and [line for line in documented if _shape(line) not in printed] == []
 
 
 def test_scalars_and_images_share_the_iteration_axis(tiny_run: Path) -> None:
@@ -145,6 +160,40 @@ def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp
     torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(ema_trained, trained, atol=1e-6)  # decay 0.5 lags the weights
     torch.testing.assert_close(ema_loaded, ema_trained, atol=1e-5, rtol=1e-4)
+
+
+def test_each_cards_snippet_loads_the_export_into_a_plain_pipeline_that_draws_the_adapters_images(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    from lit_treegrpo.cli import TreeGRPOCLI
+    from lit_treegrpo.core import TreeSpec, rollout
+    from lit_treegrpo.runs.export import restore
+
+    base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
+    _main("export", *base, "--out", str(tmp_path / "lora"))
+    _main("export", *base, "--out", str(tmp_path / "merged"), "--merged", "true")
+    cli = TreeGRPOCLI(args=[*base, "--trainer.logger", "false"], run=False)
+    restore(cli.model, torch.load(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True))
+    adapter, prompts = cli.model.adapter, ["a red circle", "a blue square"]
+    noise = adapter.initial_noise(2, torch.Generator().manual_seed(3))
+    with torch.no_grad():  # the trained adapter's deterministic samples
+        cond = adapter.encode_prompts(prompts)
+        ours = adapter.decode(
+            rollout(adapter.predict, adapter.step, TreeSpec(adapter.num_steps), cond, noise).leaf_latents
+        )
+    for folder in ("lora", "merged"):
+        card = json.loads((tmp_path / folder / "export.json").read_text())
+        assert "tiny_sd3_pipeline(seed=0, with_t5=True)" in card["load"] and "TinySD3Adapter(" not in card["load"]
+        assert card["load"] in (tmp_path / folder / "README.md").read_text()
+        scope = {"DIR": str(tmp_path / folder)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no second adapter beside a LoRA the pipeline had
+            exec(card["load"], scope)  # the card's snippet, as written
+        pipe = scope["pipe"]
+        pipe.set_progress_bar_config(disable=True)
+        theirs = pipe(prompt=prompts, latents=noise.clone(), num_inference_steps=adapter.num_steps,
+                      guidance_scale=adapter.guidance_scale, output_type="pt", max_sequence_length=128).images  # fmt: skip
+        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0, msg=folder)
 
 
 @pytest.mark.parametrize(
