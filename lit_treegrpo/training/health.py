@@ -11,6 +11,7 @@ gradient. The step logs the largest ``|ratio - 1|`` of that micro-batch as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -96,3 +97,14 @@ def tree_health(
     for d in range(depth_count.shape[0]):  # the tree's depths: a few, known on the host from its spec
         metrics[f"health/adv_abs_depth{d}"] = depth_total[d] / depth_count[d].clamp(min=1)
     return metrics
+
+
+def grad_norm(parameters: Iterable[torch.nn.Parameter]) -> Tensor:
+    """[] the L2 norm of all the gradients of ``parameters``, as clipping measures it (before it
+    clips): over the whole model, FSDP2's sharded gradients included (their norm is gathered)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor's norm is partial on each rank
+    return full_tensor() if full_tensor is not None else norm

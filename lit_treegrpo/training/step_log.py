@@ -47,6 +47,7 @@ class Update(NamedTuple):
     steps: int  # optimizer steps taken
     fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
     ratio_dev_at_start: Tensor | None = None  # [] max |ratio - 1| of the first micro-batch, before any update
+    grad_norm: Tensor | None = None  # [] mean over the optimizer steps of the gradient norm before clipping
 
 
 NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing
@@ -133,6 +134,8 @@ def step_metrics(
         )
     if update.ratio_dev_at_start is not None:
         logged["health/ratio_dev_at_start"] = update.ratio_dev_at_start
+    if update.grad_norm is not None:
+        logged["train/grad_norm"] = update.grad_norm
     return StepMetrics(shown, logged)
 
 

@@ -28,6 +28,7 @@ from ..core.rollout import RolloutTree, num_parents, source_minibatches, split_b
 from ..core.seeding import generator
 from ..models.base import Cond
 from .faults import grads_finite
+from .health import grad_norm
 from .step_log import Update
 
 #: loss statistics that combine over micro-batches by their maximum (the others: by their mean)
@@ -58,6 +59,7 @@ class PolicyUpdate:
         bad_loss: str | None = None  # the first non-finite loss of this accumulation window
         num_updates = self._updates_per_epoch(keep)
         at_start: Tensor | None = None  # the on-policy check: the first micro-batch, before any update
+        norms: list[Tensor] = []  # the gradient norm before clipping, per optimizer step
         for _ in range(self.inner_epochs):
             batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
             chunks = self._forwards_per_micro_batch(tree, batches)
@@ -79,6 +81,7 @@ class PolicyUpdate:
                 totals = [combine(name, total, value) for name, total, value in zip(LossOutput._fields, totals, stats)]
                 if not last:
                     continue
+                norms.append(grad_norm(self.adapter.trainable_parameters()))
                 if self.grad_clip is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
                 problem = bad_loss
@@ -96,7 +99,8 @@ class PolicyUpdate:
         if scheduler is not None and steps:
             scheduler.step()
         means = (total if name in BY_MAX else total / max(micro, 1) for name, total in zip(LossOutput._fields, totals))
-        return Update(LossOutput(*means), forwards, steps, fault, at_start)
+        mean_norm = torch.stack(norms).mean() if norms else None
+        return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm)
 
     def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
         """How many forwards each micro-batch runs as (the training guard's split: one each while

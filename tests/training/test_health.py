@@ -120,3 +120,15 @@ def test_the_step_logs_the_health_metrics(tmp_path) -> None:
     assert float(logged["health/samples_per_s"]) > 0 and 0.0 <= float(logged["health/zero_spread_frac"]) <= 1.0
     for name in ("clip_frac_low", "clip_frac_high", "ratio_std"):
         assert torch.isfinite(logged[f"train/{name}"]), name
+    assert float(logged["train/grad_norm"]) > 0.0
+
+
+def test_grad_norm_by_hand() -> None:
+    from lit_treegrpo.training.health import grad_norm
+
+    a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0, 12.0])  # c has none
+    assert float(grad_norm([a, b, c])) == pytest.approx(13.0)  # sqrt(9 + 16 + 144)
+    assert float(grad_norm([c])) == 0.0
+    # what clipping measures: clip_grad_norm_ returns the same norm before it clips
+    assert float(torch.nn.utils.clip_grad_norm_([a, b], max_norm=1.0)) == pytest.approx(13.0)
