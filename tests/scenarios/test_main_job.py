@@ -49,4 +49,4 @@ def test_the_shapes_job_raises_the_held_out_reward_and_keeps_diversity(tmp_path:
     assert len(scalar(tmp_path / "rl", "reward/mean")) == 60
     images = EventAccumulator(str(tmp_path / "rl" / "tensorboard"), size_guidance={"images": 0})
     images.Reload()
-    assert [e.step for e in images.Images("tree")] == [0, 50]  # the tree view, with the grid's rhythm
+    assert [e.step for e in images.Images("tree")] == [0, 50, 60]  # the tree view: the grid's rhythm, and the end
