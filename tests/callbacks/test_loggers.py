@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,12 @@ def _wandb_history(run: Path) -> list[dict[str, Any]]:
     reader for it."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    # wandb.finish() can return before W&B's service process has written the file out (seen on a
+    # loaded machine): wait for the service's own "all finished"
+    log, deadline = run / "logs" / "debug-internal.log", time.monotonic() + 60
+    while not (log.is_file() and "stream: all finished" in log.read_text()):
+        assert time.monotonic() < deadline, f"W&B's service never finished writing {run}"
+        time.sleep(0.1)
     (path,) = run.glob("run-*.wandb")
     data, block, header = path.read_bytes(), 32768, 7
     pos, pieces, rows = header, [], []  # the file starts with a 7-byte header of its own
