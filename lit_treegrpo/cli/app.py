@@ -72,6 +72,7 @@ from ..runs.run_folder import (
     check_new_run,
     clear_run,
     launch_rank,
+    run_name,
 )
 from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
@@ -319,7 +320,11 @@ class TreeGRPOCLI(LightningCLI):
         if config.get("logger") in (None, True):
             # no placeholder hp_metric: it would open the event file before anything is measured
             config["logger"] = RunTensorBoardLogger(
-                save_dir=str(root), name="tensorboard", version="", default_hp_metric=False
+                save_dir=str(root),
+                name="tensorboard",
+                version="",
+                default_hp_metric=False,
+                run_name=run_name(self.model),
             )
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]

@@ -110,9 +110,10 @@ def iteration_limit(config: dict[str, Any], callbacks: list[Any], max_iterations
 
 def loggers_in_run_folder(loggers: Any, root: Path) -> None:
     """Loggers (the parsed ``--trainer.logger``) left at defaults that write into the working
-    directory write into the run folder ``root`` instead: a ``WandbLogger``'s ``save_dir`` (named
-    after the folder unless it is given a name), an ``MLFlowLogger``'s ``artifact_location`` (its
-    images and tables, ``<root>/mlflow_artifacts``; the metrics go to its tracking store)."""
+    directory write into the run folder ``root`` instead: a ``WandbLogger``'s ``save_dir``, an
+    ``MLFlowLogger``'s ``artifact_location`` (its images and tables, ``<root>/mlflow_artifacts``;
+    the metrics go to its tracking store). Either run is named after the folder unless it is given
+    a name (W&B's ``name``, MLflow's ``run_name``), not a random one."""
     for logger in loggers if isinstance(loggers, list) else [loggers]:
         args = logger.get("init_args") if isinstance(logger, Namespace) else None
         if not isinstance(args, Namespace):
@@ -123,5 +124,8 @@ def loggers_in_run_folder(loggers: Any, root: Path) -> None:
                 args["save_dir"] = str(root)
             if args.get("name") is None:
                 args["name"] = root.name
-        elif kind == "MLFlowLogger" and args.get("artifact_location") is None:
-            args["artifact_location"] = str((root / "mlflow_artifacts").resolve())
+        elif kind == "MLFlowLogger":
+            if args.get("artifact_location") is None:
+                args["artifact_location"] = str((root / "mlflow_artifacts").resolve())
+            if args.get("run_name") is None:
+                args["run_name"] = root.name

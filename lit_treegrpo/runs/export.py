@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .run_folder import event_folder
+
 if TYPE_CHECKING:
     from ..models.base import DiffusionAdapter
 
@@ -308,13 +310,15 @@ def _write(
 
 def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]:
     """The last training reward (``reward``) and held-out reward (``val/reward``) logged at or
-    before ``iteration`` in a run's TensorBoard folder (``None`` where there is none)."""
+    before ``iteration`` in a run's TensorBoard folder (its :func:`~.run_folder.event_folder`;
+    ``None`` where there is none)."""
     found: dict[str, float | None] = {"reward": None, "held_out_reward": None}
-    if not tensorboard.is_dir() or not any(tensorboard.glob("events.out.tfevents.*")):
+    folder = event_folder(tensorboard)
+    if not any(folder.glob("events.out.tfevents.*")):
         return found
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tensorboard), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     events.Reload()
     tags = events.Tags().get("scalars", [])
     for tag, key in (("reward", "reward"), ("val/reward", "held_out_reward")):

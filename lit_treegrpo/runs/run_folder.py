@@ -17,7 +17,9 @@
   (resumed) one. ``validate`` / ``test`` / ``predict`` save none, and a command that fails before
   training writes no record.
 - :class:`RunTensorBoardLogger`: opens its event file when something is first logged, not when
-  a command starts, so that a command stopped or refused before that leaves no empty event file.
+  a command starts, so that a command stopped or refused before that leaves no empty event file;
+  the file lies in ``<root>/tensorboard/<run name>/``, the name saying what ran (:func:`run_name`),
+  so that TensorBoard lists the run by it. :func:`event_folder` finds it.
 """
 
 from __future__ import annotations
@@ -277,10 +279,44 @@ class _DeferredSummaryWriter:
         return getattr(self._writer, name)
 
 
+def run_name(module: Any) -> str:
+    """What a run trains, as TensorBoard lists it: the model, the tree, the advantage estimator and
+    the reward, e.g. ``shapes_tree-k3_mean_shapes`` (TreeGRPO's k=3 tree on the Shapes model) or
+    ``tinysd3_flat-27x8sde_mean_brightness`` (DanceGRPO's 27 trajectories with 8 SDE steps each).
+    None of these may change on resume, so a resumed run keeps its name."""
+    model = type(module.adapter).__name__.removesuffix("Adapter").lower() or "model"
+    tree = module.tree
+    if tree.branch_steps:
+        k = tree.branching if isinstance(tree.branching, int) else "-".join(map(str, tree.branching))
+        shape = f"tree-k{k}" + (f"x{tree.num_trees}" if tree.num_trees > 1 else "")
+    else:
+        shape = f"flat-{tree.num_trees}x{len(tree.sde_steps)}sde"
+    reward = getattr(module.reward, "name", None) or type(module.reward).__name__.lower()
+    name = f"{model}_{shape}_{module.advantage.method}_{reward}"
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+
+
+def event_folder(tensorboard: Path) -> Path:
+    """The folder that holds a run's TensorBoard event files: ``tensorboard/<run name>/``, or
+    ``tensorboard`` itself for a run folder written before runs were named."""
+    if any(tensorboard.glob("events.out.tfevents.*")):
+        return tensorboard
+    named = sorted(p for p in tensorboard.iterdir() if p.is_dir()) if tensorboard.is_dir() else []
+    return named[0] if len(named) == 1 else tensorboard
+
+
 class RunTensorBoardLogger(TensorBoardLogger):
     """``TensorBoardLogger`` whose event file is opened when something is first logged. Lightning
     reads ``logger.experiment`` in the setup of every command, which would otherwise create an
-    event file before the command has done anything."""
+    event file before the command has done anything.
+
+    The events go to ``<log_dir>/<run_name>`` (the config records stay in ``log_dir``), unless
+    ``log_dir`` already holds event files of a run written before runs were named: its curves go on
+    there."""
+
+    def __init__(self, *args: Any, run_name: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_name = run_name
 
     @property
     @rank_zero_experiment
@@ -294,7 +330,10 @@ class RunTensorBoardLogger(TensorBoardLogger):
 
         if self.root_dir:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-        return SummaryWriter(log_dir=self.log_dir, **self._kwargs)
+        folder = Path(self.log_dir)
+        if self.run_name and not any(folder.glob("events.out.tfevents.*")):
+            folder = folder / self.run_name
+        return SummaryWriter(log_dir=str(folder), **self._kwargs)
 
 
 def write_new_record(folder: Path, text: str) -> Path:
@@ -319,6 +358,8 @@ __all__ = [
     "RunFolderError",
     "RunLock",
     "RunTensorBoardLogger",
+    "event_folder",
+    "run_name",
     "check_new_run",
     "clear_run",
     "launch_rank",

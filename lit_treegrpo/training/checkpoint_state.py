@@ -39,10 +39,14 @@ class CheckpointState:
 
     def on_train_start(self) -> None:
         """A resumed fit: Lightning has restored the checkpoint's optimizer and scheduler state by
-        now; this run's options replace what the restore brought back, said in one line."""
+        now; this run's options replace what the restore brought back, said in one line. Then the
+        other parts' ``on_train_start``."""
         resumed, self._resumed = self._resumed, None
-        if resumed is None or self._configured is None:
-            return
+        if resumed is not None and self._configured is not None:
+            self._apply_resumed_options(resumed)
+        super().on_train_start()  # the other parts' hooks (Evaluation's validation at iteration 0)
+
+    def _apply_resumed_options(self, resumed: dict[str, Any]) -> None:
         saved_optimizer, mine = resumed["fingerprint"].get("optimizer"), self._optimizer_name()
         if saved_optimizer is not None and saved_optimizer != mine:
             raise refusal("--model.optimizer", resumed["where"], saved_optimizer, mine)

@@ -4,7 +4,12 @@
 it, so its methods are the module's Lightning hooks). A prompt's noise depends on the seed and the
 prompt's text only, so an image does not change with the batch it is in or the number of
 processes; ``val_samples`` seeds per prompt, from ``val_seed``. It reads the module's ``adapter``,
-``rollout_limits``, ``val_seed``, ``val_samples``, ``iteration`` and its reward (``_score``).
+``rollout_limits``, ``val_seed``, ``val_samples``, ``validate_at_start``, ``iteration`` and its
+reward (``_score``).
+
+A fit from iteration 0 validates once before its first update (``validate_at_start``), so that every
+``val/*`` curve starts at the base model: Lightning's own first validation comes after
+``val_check_interval`` steps, and its sanity check logs nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from ..core.seeding import generator
 from ..core.spec import TreeSpec
 from ..data.prompt_stream import PromptBatch
 from .predictions import save_predictions
-from .step_log import X_AXIS
+from .step_log import HEADLINE_HELD_OUT, X_AXIS
 
 
 class Evaluation:
@@ -46,6 +51,20 @@ class Evaluation:
         )
         return self.adapter.decode(tree.leaf_latents)
 
+    def on_train_start(self) -> None:
+        """Validate the base model (iteration 0) before the first update of a fit from scratch."""
+        super().on_train_start()
+        trainer = self.trainer
+        if not self.validate_at_start or self.iteration != 0 or not trainer.enable_validation:
+            return
+        # what Lightning's training epoch loop does around a validation inside the fit
+        loop = trainer.fit_loop.epoch_loop
+        first_loop_iter = trainer._logger_connector._first_loop_iter
+        trainer.validating = True
+        loop.val_loop.run()
+        trainer.training = True
+        trainer._logger_connector._first_loop_iter = first_loop_iter
+
     def _evaluate(self, batch: PromptBatch, prefix: str) -> ScoredSamples:
         """Sample and score ``batch`` (``val_samples`` seeds per prompt), log ``<prefix>/reward``, and
         hand the samples to the callbacks (RewardMetrics' per-prompt tables and diversity)."""
@@ -53,7 +72,10 @@ class Evaluation:
         images = torch.cat([self.sample(batch.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
         prompts = list(batch.prompts) * self.val_samples
         rewards, components = self._score(images, prompts)
-        self.log(f"{prefix}/reward", rewards.mean(), prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        mean = rewards.mean()
+        self.log(f"{prefix}/reward", mean, prog_bar=prefix == "val", sync_dist=True, batch_size=len(prompts))
+        if prefix == "val":  # the headline pair, first in TensorBoard (see step_log.HEADLINE)
+            self.log(HEADLINE_HELD_OUT, mean, sync_dist=True, batch_size=len(prompts))
         self.log(X_AXIS, float(self.iteration), sync_dist=True, batch_size=len(prompts))  # at the weights' iteration
         return ScoredSamples(rewards, components, prompts, images)
 

@@ -98,6 +98,9 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         val_seed: seed of the deterministic validation / test / predict samples.
         val_samples: samples per validation / test prompt (seeds ``val_seed``, ``val_seed + 1``,
             ...); with two or more, RewardMetrics also logs their within-prompt diversity.
+        validate_at_start: a fit that starts from iteration 0 first scores the base model on the
+            validation prompts, so that every ``val/*`` curve starts at the untrained model (not on
+            resume, nor without validation data: ``--trainer.limit_val_batches 0``).
         reward_kwargs: loader arguments per reward name, e.g. ``{hps: {checkpoint: v2.0}}``.
         faults: what to do with NaN / inf rewards, a failing reward call, or a non-finite loss or
             gradient: stop (``error``, the default) or skip and count (``skip``).
@@ -131,6 +134,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         seed: int = 0,
         val_seed: int = 1234,
         val_samples: int = 1,
+        validate_at_start: bool = True,
         reward_kwargs: dict[str, dict[str, Any]] | None = None,
         faults: FaultPolicy = FaultPolicy(),
         memory_guard: MemoryGuard = MemoryGuard(),
@@ -176,6 +180,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self.seed = seed
         self.val_seed = val_seed
         self.val_samples = val_samples
+        self.validate_at_start = validate_at_start
         self.faults = faults
         self.memory_guard = memory_guard
         self.health = health

@@ -52,6 +52,12 @@ class Update(NamedTuple):
 
 NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing
 
+#: The two curves to watch, repeated under a capitalised group so that TensorBoard (which sorts
+#: groups by name, capitals before lower case) shows them first: the training reward (the mean
+#: leaf reward, ``reward``) and the held-out reward (``val/reward``). The other groups follow.
+HEADLINE_TRAIN = "Reward/train"
+HEADLINE_HELD_OUT = "Reward/held_out"
+
 #: Lightning's logger connector pops a metric of this name and logs the others at its value: every
 #: scalar, image and text of a run is placed at the training iteration (what papers plot), never at
 #: Lightning's optimizer-step count (several per iteration with ``minibatches`` > 1)
@@ -81,7 +87,7 @@ def step_metrics(
     """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
     statistics, NFE, phase times (``time/<phase>_s``), the iteration (``iteration``: completed
     ones, this step included), the fault counters (``faults/*``) and, when an update ran, its loss
-    statistics. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
+    statistics; the mean reward also as :data:`HEADLINE_TRAIN`. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
     step's counted work and ``compute_total`` the run's so far, this step included: each kind as
     ``compute/<kind>`` and their total in units under ``cost`` as ``compute/units`` (this step) and
     ``compute/units_total`` (the run: the x-axis to compare methods on). The health metrics
@@ -93,9 +99,10 @@ def step_metrics(
     drew its samples had seen, as sample grids and validations are placed."""
     shown: dict[str, Any] = {}
     finite = rewards[torch.isfinite(rewards)]  # [<= L]
+    logged: dict[str, Any] = {}
     if finite.numel():
-        shown["reward"] = finite.mean()
-    logged: dict[str, Any] = {
+        shown["reward"] = logged[HEADLINE_TRAIN] = finite.mean()
+    logged |= {
         "train/edges_kept": keep.float().sum(),
         "train/edges": float(tree.num_edges),
         "adv/mean": advantages.mean() if advantages.numel() else 0.0,

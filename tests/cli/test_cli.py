@@ -43,7 +43,7 @@ def fit(root: Path, *args: str, config: Path = TINY) -> subprocess.CompletedProc
 
 def scalars(root: Path, tag: str) -> list[tuple[int, float]]:
     values = []
-    for events in sorted((root / "tensorboard").glob("events.out.tfevents.*")):
+    for events in sorted((root / "tensorboard").rglob("events.out.tfevents.*")):
         acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "images": 0})
         acc.Reload()
         if tag in acc.Tags()["scalars"]:
@@ -57,7 +57,7 @@ def trainable(path: Path) -> dict[str, torch.Tensor]:
 
 def test_tiny_fit_logs_a_sample_grid_and_reward_scalars(tmp_path: Path) -> None:
     fit(tmp_path, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2")
-    events = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard event file"
     acc = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()

@@ -95,7 +95,7 @@ def test_validate_saves_no_config_over_the_fits(tmp_path: Path) -> None:
     main(["validate", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)])
     assert config.read_text() == "the fit's configuration\n"
     assert sorted(p.name for p in config.parent.glob("config*")) == ["config.yaml"]
-    assert list(config.parent.glob("events.out.tfevents.*")), "validate logged nothing"
+    assert list(config.parent.rglob("events.out.tfevents.*")), "validate logged nothing"
 
 
 def test_config_records_are_numbered_and_never_replaced(tmp_path: Path) -> None:
@@ -322,8 +322,9 @@ def test_a_fit_whose_last_iteration_took_no_optimizer_step_saves_that_iteration(
     # --max_iterations stops through should_stop, which makes Lightning validate and ModelCheckpoint
     # save, unless no optimizer step was taken since its last save: here the last iteration's step
     # is skipped (its reward raises), which still moves the iteration, the faults and the prompts.
-    # Reward calls: the sanity check, iterations 1-3, the validation after 3, iteration 4 (raises), ...
-    flaky = '{"class_path": "tests.probes.FlakyReward", "init_args": {"raise_on": [5]}}'
+    # Reward calls: the sanity check, the base model's validation, iterations 1-3, the validation
+    # after 3, iteration 4 (raises), ...
+    flaky = '{"class_path": "tests.probes.FlakyReward", "init_args": {"raise_on": [6]}}'
     _fit(tmp_path, "--max_iterations", "4", "--model.reward", flaky, "--model.faults.nonfinite", "skip",
          "--trainer.callbacks=[]")  # fmt: skip
     assert _saved(tmp_path / "checkpoints" / "last.ckpt") == (3, 4)  # 3 optimizer steps in 4 iterations
@@ -416,3 +417,45 @@ def test_ddp_saves_the_last_steps_and_resumes_a_moved_folder_into_its_own_last_c
     folder = tmp_path / "B" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]
     assert _saved(folder / "last.ckpt") == (7, 7)
+
+
+def test_the_run_name_says_what_trains() -> None:
+    from types import SimpleNamespace
+
+    from lit_treegrpo.core import TreeSpec
+    from lit_treegrpo.models.shapes import ShapesAdapter
+    from lit_treegrpo.rewards import Brightness
+    from lit_treegrpo.runs.run_folder import run_name
+    from lit_treegrpo.training.settings import AdvantageSettings
+
+    def module(tree: TreeSpec, method: str = "mean") -> SimpleNamespace:
+        adapter = ShapesAdapter.__new__(ShapesAdapter)  # only its class is read
+        return SimpleNamespace(
+            adapter=adapter, tree=tree, advantage=AdvantageSettings(method=method), reward=Brightness()
+        )
+
+    tree = TreeSpec(branch_steps=(0, 1, 2), branching=3)
+    assert run_name(module(tree)) == "shapes_tree-k3_mean_brightness"
+    flat = TreeSpec(sde_steps=tuple(range(8)), branching=1, num_trees=27)
+    assert run_name(module(flat, "logprob_softmax")) == "shapes_flat-27x8sde_logprob_softmax_brightness"
+
+
+def test_events_go_under_the_run_name_unless_an_older_run_wrote_beside_the_records(tmp_path: Path) -> None:
+    from lit_treegrpo.runs.run_folder import RunTensorBoardLogger, event_folder
+
+    def log_once(root: Path) -> None:
+        logger = RunTensorBoardLogger(save_dir=str(root), name="tensorboard", version="", run_name="m_tree-k2_mean_r")
+        logger.log_metrics({"x": 1.0}, step=0)
+        logger.finalize("success")
+
+    log_once(tmp_path / "new")
+    assert [p.parent.name for p in (tmp_path / "new" / "tensorboard").rglob("events.out.tfevents.*")] == [
+        "m_tree-k2_mean_r"
+    ]
+    assert event_folder(tmp_path / "new" / "tensorboard").name == "m_tree-k2_mean_r"
+    old = tmp_path / "old" / "tensorboard"  # a run folder from before runs were named: its curves go on there
+    old.mkdir(parents=True)
+    (old / "events.out.tfevents.1.host").write_bytes(b"")
+    log_once(tmp_path / "old")
+    assert not any(p.is_dir() for p in old.iterdir()) and len(list(old.glob("events.out.tfevents.*"))) == 2
+    assert event_folder(old) == old

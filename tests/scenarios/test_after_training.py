@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_treegrpo.runs.run_folder import event_folder
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
 SHAPES = REPO / "configs" / "shapes.yaml"
@@ -53,7 +55,7 @@ def tiny_run(tmp_path_factory) -> Path:
 def _events(root: Path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(root / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(event_folder(root / "tensorboard")), size_guidance={"images": 0, "scalars": 0})
     events.Reload()
     return events
 
@@ -63,7 +65,11 @@ def test_fit_with_stdout_to_a_file_prints_progress_lines(tiny_run: Path) -> None
     assert lines[0] == "training from iteration 0 to iteration 4"
     assert any(line.startswith("iteration 1/4  reward ") and " s/it  ETA " in line for line in lines), lines
     assert any(line.startswith("iteration 4/4  reward ") for line in lines), lines
-    assert [line.split("  ")[0] for line in lines if "held-out reward" in line] == ["iteration 2/4", "iteration 4/4"]
+    assert [line.split("  ")[0] for line in lines if "held-out reward" in line] == [
+        "iteration 0/4",  # the base model, before the first update (validate_at_start)
+        "iteration 2/4",
+        "iteration 4/4",
+    ]
     assert lines[-1].startswith("finished at iteration 4: 4 iterations in ")
     assert not any("\r" in line or "━" in line for line in lines)  # no progress bar drawn into the file
 
@@ -78,7 +84,7 @@ def test_the_docs_progress_lines_are_the_lines_the_program_prints(tiny_run: Path
     text = (REPO / "docs" / "after_training.md").read_text()
     block = text.split("replaced by plain lines", 1)[1].split("```\n", 2)[1]  # the first fenced block after it
     documented = [line for line in block.splitlines() if line != "..."]
-    assert len(documented) == 5 and [line for line in documented if _shape(line) not in printed] == []
+    assert len(documented) == 6 and [line for line in documented if _shape(line) not in printed] == []
 
 
 def test_scalars_and_images_share_the_iteration_axis(tiny_run: Path) -> None:
@@ -88,11 +94,27 @@ def test_scalars_and_images_share_the_iteration_axis(tiny_run: Path) -> None:
     # a training step's metrics at its index (the weights that sampled it had seen that many
     # updates); validations, grids and tree views at the number of completed iterations
     assert steps["reward"] == steps["loss"] == steps["reward/mean"] == [0, 1, 2, 3]
-    assert steps["val/reward"] == [2, 4]
+    assert steps["val/reward"] == [0, 2, 4]  # the base model first (validate_at_start)
+    assert all(steps[tag][0] == 0 for tag in steps if tag.startswith("val/")), steps
     assert images["samples"] == images["tree"] == [0, 2, 4]
     # Lightning's optimizer-step count is a scalar of its own (2 per iteration), not the x-axis
     assert [(e.step, e.value) for e in events.Scalars("optimizer_steps")] == [(0, 2.0), (1, 4.0), (2, 6.0), (3, 8.0)]
     assert [e.value for e in events.Scalars("iteration")] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_tensorboard_names_the_run_and_lists_the_rewards_first(tiny_run: Path) -> None:
+    """TensorBoard groups tags by the part before the first ``/`` and sorts the groups by name
+    (character codes, digits and ``_`` first): the headline group sorts before every other."""
+    # the run is listed by what it trains: the tiny SD3, a k=2 tree, mean backup, brightness
+    assert event_folder(tiny_run / "tensorboard").name == "tinysd3_tree-k2_mean_brightness"
+    events = _events(tiny_run)
+    tags = events.Tags()["scalars"]
+    groups = sorted({tag.split("/", 1)[0] for tag in tags})
+    assert groups[0] == "Reward" and not any(g[0].isdigit() or g[0] == "_" for g in groups), groups
+    assert [e.value for e in events.Scalars("Reward/train")] == [e.value for e in events.Scalars("reward")]
+    assert [(e.step, e.value) for e in events.Scalars("Reward/held_out")] == [
+        (e.step, e.value) for e in events.Scalars("val/reward")
+    ]
 
 
 def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:

@@ -21,7 +21,7 @@ def test_tiny_flux_fit_trains_checkpoints_and_logs_samples(tmp_path: Path) -> No
 
     main(["fit", "--config", str(TINY_FLUX), *QUIET, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
           "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
-    events = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     assert "samples" in acc.Tags()["images"] and acc.Images("samples")[-1].width > 32

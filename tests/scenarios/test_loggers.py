@@ -57,6 +57,7 @@ def test_the_main_job_with_mlflow_and_a_local_store(tmp_path: Path, monkeypatch)
     assert (tmp_path / "run" / "mlflow_artifacts").is_dir()  # the images and tables, in the run folder
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("shapes").experiment_id])
+    assert run.info.run_name == "run"  # named after the run folder, not a random name
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == [0, 1]
     images = [a.path.split("+") for a in client.list_artifacts(run.info.run_id, "images") if a.path.endswith(".png")]
     assert sorted((p[0], p[2]) for p in images) == [

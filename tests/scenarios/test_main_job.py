@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lit_treegrpo.runs.run_folder import event_folder
+
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
@@ -25,7 +27,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def scalar(root: Path, tag: str) -> list[tuple[int, float]]:
     values = []
-    for events in sorted((root / "tensorboard").glob("events.out.tfevents.*")):
+    for events in sorted((root / "tensorboard").rglob("events.out.tfevents.*")):
         acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
         acc.Reload()
         if tag in acc.Tags()["scalars"]:
@@ -47,6 +49,6 @@ def test_the_shapes_job_raises_the_held_out_reward_and_keeps_diversity(tmp_path:
     assert tuned > base + 0.03, (base, tuned)  # measured: 0.630 -> ~0.72 after 50 steps
     assert diversity > 0.5 * base_diversity, (base_diversity, diversity)
     assert len(scalar(tmp_path / "rl", "reward/mean")) == 60
-    images = EventAccumulator(str(tmp_path / "rl" / "tensorboard"), size_guidance={"images": 0})
+    images = EventAccumulator(str(event_folder(tmp_path / "rl" / "tensorboard")), size_guidance={"images": 0})
     images.Reload()
     assert [e.step for e in images.Images("tree")] == [0, 50, 60]  # the tree view: the grid's rhythm, and the end

@@ -34,7 +34,7 @@ def test_tiny_wan_fit_in_process_trains_logs_video_and_checkpoints(tmp_path: Pat
         "step_000002.gif",
         "step_000002.png",
     ]
-    events = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     assert {"samples", "samples/video"} <= set(acc.Tags()["images"])

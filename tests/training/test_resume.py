@@ -17,6 +17,7 @@ from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
+from lit_treegrpo.runs.run_folder import event_folder
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
 from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
@@ -292,3 +293,29 @@ def test_fields_a_checkpoint_predates_are_not_compared() -> None:
     ):
         check_resumable(kwargs, mine, None)
     check_resumable(kwargs, mine, None, fitting=False)  # validate / test / predict / export
+
+
+def _val_steps(root: Path) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(event_folder(root / "tensorboard")), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.step for e in events.Scalars("val/reward")] if "val/reward" in events.Tags()["scalars"] else []
+
+
+def test_the_base_model_is_validated_once_at_the_start_of_a_run_not_of_a_resume(tmp_path: Path) -> None:
+    """``--model.validate_at_start`` (default true): a fit from iteration 0 scores the base model
+    first, so every ``val/*`` curve starts at it; a resume does not; and it changes no weight."""
+    val = ("--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2")
+    _fit(tmp_path / "run", "--trainer.max_steps", "2", *val)
+    assert _val_steps(tmp_path / "run") == [0, 2]  # the base model, then after 2 iterations
+    _fit(tmp_path / "run", "--trainer.max_steps", "4", "--ckpt_path", "last", *val)
+    assert _val_steps(tmp_path / "run") == [0, 2, 4]  # the resume starts at iteration 2: no second "0"
+    _fit(tmp_path / "off", "--trainer.max_steps", "2", "--model.validate_at_start", "false", *val)
+    assert _val_steps(tmp_path / "off") == [2]
+    # scoring the base model draws from no random stream the training uses: the same weights
+    _fit(tmp_path / "on", "--trainer.max_steps", "2", *val)
+    a, b = (
+        torch.load(tmp_path / r / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for r in ("on", "off")
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
