@@ -175,12 +175,20 @@ class ClippedPolicyLoss(nn.Module):
             return per_edge.mean()
         if group.shape != per_edge.shape:
             raise ValueError(f"group has shape {tuple(group.shape)}, expected {tuple(per_edge.shape)}")
-        _, g = torch.unique(group, return_inverse=True)  # [B] contiguous ids of non-empty groups
-        G = int(g.max()) + 1
-        per_group = per_edge.new_zeros(G).index_add(0, g, per_edge)  # [G]
+        # Contiguous group ids without asking the device how many groups there are (no host sync):
+        # sort, mark where a new group starts, number the groups by a running count. B slots hold
+        # at most B groups; the unused ones stay 0 and the mean divides by the groups present.
+        B = per_edge.shape[0]
+        order = torch.argsort(group)  # [B]
+        ranked = group[order]  # [B] sorted group ids
+        starts = torch.ones_like(ranked, dtype=torch.bool)
+        starts[1:] = ranked[1:] != ranked[:-1]  # [B] first edge of each group
+        g = torch.empty_like(order).scatter_(0, order, torch.cumsum(starts.long(), 0) - 1)  # [B] ids 0..G-1
+        per_group = per_edge.new_zeros(B).index_add(0, g, per_edge)  # [B], G slots used
         if self.aggregation == "mean":
-            per_group = per_group / torch.bincount(g, minlength=G)
-        return per_group.mean()
+            counts = per_edge.new_zeros(B).index_add(0, g, torch.ones_like(per_edge))  # [B]
+            per_group = per_group / counts.clamp(min=1)
+        return per_group.sum() / starts.sum()
 
 
 def edge_loss(

@@ -164,6 +164,34 @@ def quiet_truncation_logs(pipeline: Any) -> Iterator[None]:
             logger.removeFilter(dropper)
 
 
+def cast_components(components: dict[str, Any], torch_dtype: str, keep_float32: Sequence[str] = ()) -> None:
+    """Cast the modules of a pipeline handed in built (its ``components``) to ``torch_dtype``, as
+    loading them from a folder with that dtype would (those named in ``keep_float32``: float32), so
+    that the option means the same for every way an adapter gets its model."""
+    dtype = parse_dtype(torch_dtype)
+    for name, component in components.items():
+        if isinstance(component, nn.Module):
+            component.to(torch.float32 if name in keep_float32 else dtype)
+
+
+class ScheduleTables:
+    """A schedule's per-step tables (float32 or long, on the host as the scheduler made them),
+    copied to a device on first use there and kept: the denoising loop indexes them on the device
+    of its latents, so no step copies a table from the host (a pageable host-to-device copy waits
+    for the device's queue)."""
+
+    def __init__(self, **tables: Tensor) -> None:
+        self.host = tables
+        self._on: dict[torch.device, dict[str, Tensor]] = {}
+
+    def on(self, device: torch.device | str) -> dict[str, Tensor]:
+        """The tables on ``device``."""
+        key = torch.device(device)
+        if key not in self._on:
+            self._on[key] = {name: table.to(key) for name, table in self.host.items()}
+        return self._on[key]
+
+
 class DiffusionAdapter(nn.Module, ABC):
     """A text-to-image denoiser seen as a policy over latents.
 
@@ -301,9 +329,9 @@ class DiffusionAdapter(nn.Module, ABC):
     def _step_indices(self, step_index: int | Tensor, batch: int, device: torch.device | str) -> Tensor:
         """A [B] long tensor of step indices on ``device``.
 
-        The rollout passes a Python int (every node is at the same step): checked on the host, so
-        its hot loop never waits on the device; a [B] tensor (training minibatches) is checked
-        with one sync.
+        The rollout passes a Python int (every node is at the same step): checked on the host. A
+        [B] tensor (training micro-batches) is checked on the device (``torch._assert_async``):
+        an index out of range still fails, and no step waits for the device to answer.
         """
         if isinstance(step_index, int):
             if not 0 <= step_index < self.num_steps:
@@ -312,8 +340,11 @@ class DiffusionAdapter(nn.Module, ABC):
         idx = torch.as_tensor(step_index).to(device=device, dtype=torch.long)
         if idx.ndim == 0:
             idx = idx.expand(batch)
-        if idx.shape != (batch,) or bool(((idx < 0) | (idx >= self.num_steps)).any()):
-            raise ValueError(f"step_index must be in 0..{self.num_steps - 1} per sample, got {step_index}")
+        if idx.shape != (batch,):
+            raise ValueError(f"step_index must have shape ({batch},), got {tuple(idx.shape)}")
+        torch._assert_async(
+            ((idx >= 0) & (idx < self.num_steps)).all(), f"step_index must be in 0..{self.num_steps - 1}"
+        )
         return idx
 
     # ------------------------------------------------------------------------ the contract

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..core.choices import check_choice
 from ..core.steps import SDEDynamics, StepOutput, flow_sde_step
-from .base import DiffusionAdapter
+from .base import DiffusionAdapter, ScheduleTables
 
 
 class FlowMatchingAdapter(DiffusionAdapter):
@@ -36,21 +36,23 @@ class FlowMatchingAdapter(DiffusionAdapter):
         """Sigmas and model timesteps per step index, exactly as the pipelines set them
         (``kwargs`` go to ``scheduler.set_timesteps``, e.g. SD3's resolution-dependent ``mu``)."""
         scheduler.set_timesteps(self.num_steps, **kwargs)
-        self._t = scheduler.timesteps.float().cpu()  # [T] model timesteps (sigma * 1000)
-        self._sigmas = scheduler.sigmas.float().cpu()  # [T + 1], ends at 0
+        self._schedule = ScheduleTables(
+            t=scheduler.timesteps.float().cpu(),  # [T] model timesteps (sigma * 1000)
+            sigmas=scheduler.sigmas.float().cpu(),  # [T + 1], ends at 0
+        )
         self._schedule_kwargs = kwargs  # what the parity tests pass to the pipeline
 
     def timesteps(self, step_index: Tensor) -> Tensor:
-        return self._t.to(step_index.device)[step_index]  # [B]
+        return self._schedule.on(step_index.device)["t"][step_index]  # [B]
 
     def sigmas(self) -> Tensor:
         """[T + 1] the noise level before each step and after the last (ends at 0)."""
-        return self._sigmas.clone()
+        return self._schedule.host["sigmas"].clone()
 
     def step_size(self, step_index: Tensor) -> Tensor:
         """[B] ``|dt| = sigma - sigma_next`` of each step (Flow-GRPO's KL form needs it)."""
-        idx = step_index.cpu()
-        return (self._sigmas[idx] - self._sigmas[idx + 1]).to(step_index.device)  # [B]
+        sigmas = self._schedule.on(step_index.device)["sigmas"]  # [T + 1]
+        return sigmas[step_index] - sigmas[step_index + 1]  # [B]
 
     def step(
         self,
@@ -62,12 +64,13 @@ class FlowMatchingAdapter(DiffusionAdapter):
         noise: Tensor | None = None,
         prev_sample: Tensor | None = None,
     ) -> StepOutput:
-        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
+        idx = self._step_indices(step_index, x.shape[0], x.device)  # [B]
+        sigmas = self._schedule.on(x.device)["sigmas"]  # [T + 1]
         return flow_sde_step(
             model_output,
             x,
-            self._sigmas[idx].to(x.device),  # [B]
-            self._sigmas[idx + 1].to(x.device),  # [B]
+            sigmas[idx],  # [B]
+            sigmas[idx + 1],  # [B]
             noise_level=self.noise_level,
             dynamics=self.dynamics if stochastic else "ode",
             noise=noise,

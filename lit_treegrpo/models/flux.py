@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import FLUX_LORA_TARGETS, LoraSettings
 
@@ -118,6 +118,7 @@ class FluxAdapter(FlowMatchingAdapter):
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
         elif isinstance(pretrained, FluxPipeline):
             pipe = pretrained
+            cast_components(pipe.components, torch_dtype)
         else:
             raise TypeError(f"pretrained must be a path, hub id or FluxPipeline, got {type(pretrained)}")
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand

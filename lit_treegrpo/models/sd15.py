@@ -13,7 +13,16 @@ import torch
 from torch import Tensor
 
 from ..core.steps import StepOutput, ddim_step
-from .base import Cond, DiffusionAdapter, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
+from .base import (
+    Cond,
+    DiffusionAdapter,
+    ScheduleTables,
+    cast_components,
+    check_tokenizer,
+    load_component,
+    parse_dtype,
+    quiet_truncation_logs,
+)
 from .lora import SD15_LORA_TARGETS, LoraSettings
 
 
@@ -70,6 +79,7 @@ class SD15Adapter(DiffusionAdapter):
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
         elif isinstance(pretrained, StableDiffusionPipeline):
             pipe = pretrained
+            cast_components(pipe.components, torch_dtype)
         else:
             raise TypeError(f"pretrained must be a path, hub id or StableDiffusionPipeline, got {type(pretrained)}")
         # The policy is DDIM whatever scheduler the checkpoint ships (SD 1.5 ships PNDM).
@@ -118,9 +128,11 @@ class SD15Adapter(DiffusionAdapter):
         prev = t - scheduler.config.num_train_timesteps // self.num_steps  # [T]
         alphas = scheduler.alphas_cumprod.float()  # [1000]
         final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32)
-        self._t = t
-        self._alpha_t = alphas[t]  # [T]
-        self._alpha_prev = torch.where(prev >= 0, alphas[prev.clamp(min=0)], final)  # [T]
+        self._schedule = ScheduleTables(
+            t=t,
+            alpha_t=alphas[t],  # [T]
+            alpha_prev=torch.where(prev >= 0, alphas[prev.clamp(min=0)], final),  # [T]
+        )
 
     # ------------------------------------------------------------------------ contract
     @torch.no_grad()
@@ -141,7 +153,7 @@ class SD15Adapter(DiffusionAdapter):
         return cond
 
     def timesteps(self, step_index: Tensor) -> Tensor:
-        return self._t.to(step_index.device)[step_index]  # [B]
+        return self._schedule.on(step_index.device)["t"][step_index]  # [B]
 
     def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
         text = cond["prompt_embeds"]
@@ -164,9 +176,10 @@ class SD15Adapter(DiffusionAdapter):
         noise: Tensor | None = None,
         prev_sample: Tensor | None = None,
     ) -> StepOutput:
-        idx = self._step_indices(step_index, x.shape[0], "cpu")  # [B], indexes the host tables
-        alpha_t = self._alpha_t[idx].to(x.device)  # [B]
-        alpha_prev = self._alpha_prev[idx].to(x.device)  # [B]
+        idx = self._step_indices(step_index, x.shape[0], x.device)  # [B]
+        tables = self._schedule.on(x.device)
+        alpha_t = tables["alpha_t"][idx]  # [B]
+        alpha_prev = tables["alpha_prev"][idx]  # [B]
         eps = model_output.float()  # [B, C, h, w]
         if self.prediction_type == "v_prediction":
             a = alpha_t.reshape(-1, 1, 1, 1)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 
@@ -81,6 +81,7 @@ class SD3Adapter(FlowMatchingAdapter):
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant, use_t5)
         elif isinstance(pretrained, StableDiffusion3Pipeline):
             pipe = pretrained
+            cast_components(pipe.components, torch_dtype)
             if not use_t5:
                 pipe.text_encoder_3, pipe.tokenizer_3 = None, None
         else:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..core.steps import SDEDynamics
 from ..shapes import world
-from .base import Cond, check_tokenizer, load_component, parse_dtype
+from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 from .sd3 import sd3_transformer_forward
@@ -292,6 +292,7 @@ class ShapesAdapter(FlowMatchingAdapter):
         self._init_flow(noise_level, dynamics)
         if isinstance(pretrained, dict):
             parts, self.source = pretrained, None
+            cast_components(parts, torch_dtype)
         else:
             parts, self.source = load_components(pretrained, parse_dtype(torch_dtype)), str(resolve(pretrained))
         self.denoiser = parts["transformer"]

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, load_component, parse_dtype, quiet_truncation_logs
 from .flow import FlowMatchingAdapter
 from .lora import LoraSettings
 
@@ -156,6 +156,7 @@ class WanAdapter(FlowMatchingAdapter):
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
         elif isinstance(pretrained, WanPipeline):
             pipe = pretrained
+            cast_components(pipe.components, torch_dtype, keep_float32=("vae",))
         else:
             raise TypeError(f"pretrained must be a path, hub id or WanPipeline, got {type(pretrained)}")
         if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("expand_timesteps", False):

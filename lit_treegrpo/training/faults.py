@@ -14,18 +14,19 @@ non-finite loss, a non-finite gradient. Under ``nonfinite="error"`` each stops t
 Decisions that change the number of backward passes or optimizer steps are taken on counts summed
 over the data-parallel ranks, so every rank decides alike and no collective waits for a rank that
 skipped. The counters (:data:`FAULT_COUNTERS`) are logged as ``faults/*`` and kept in checkpoints
-(:meth:`FaultLedger.state_dict`). :func:`grads_finite` detects a non-finite gradient.
+(:meth:`FaultLedger.state_dict`). A non-finite gradient is detected by its norm
+(:func:`lit_treegrpo.training.update.step_problem`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..common.errors import first_line
 from ..core.choices import check_choice
@@ -102,13 +103,6 @@ def constant_groups(rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> T
     hi = rewards.new_full((num_prompts,), float("-inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amax")
     lo = rewards.new_full((num_prompts,), float("inf")).scatter_reduce(0, leaf_prompt, rewards, reduce="amin")
     return hi == lo
-
-
-def grads_finite(parameters: Iterable[nn.Parameter]) -> bool:
-    """Whether every local gradient of ``parameters`` is finite (one device sync for all of them;
-    FSDP2 gradients are DTensors, of which each rank checks its own shard)."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in parameters if p.grad is not None]
-    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
 
 
 class FaultLedger:

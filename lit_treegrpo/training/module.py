@@ -24,6 +24,7 @@ the first batch, :class:`~lit_treegrpo.training.memory_guard.RolloutGuard` refus
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import Any
@@ -58,6 +59,23 @@ from .settings import AdvantageSettings, check_settings
 from .sharding import Sharding
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 from .update import PolicyUpdate
+
+
+def fused_on_cuda(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
+    """``optimizer`` rebuilt with ``fused=True`` when it is an Adam or AdamW left at the default
+    implementation (neither ``fused`` nor ``foreach`` chosen) and the parameters live on CUDA: one
+    kernel for all parameters instead of a loop over them, and step counters kept on the device, so
+    the step reads nothing back from it. Otherwise (the CPU, a choice made in the config, another
+    optimizer) ``optimizer`` itself."""
+    if device.type != "cuda" or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return optimizer
+    chosen = optimizer.defaults
+    if chosen.get("fused") is not None or chosen.get("foreach") is not None or chosen.get("differentiable"):
+        return optimizer
+    accepted = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more
+    options = {k: v for k, v in chosen.items() if k in accepted and k != "params"}
+    groups = [{k: v for k, v in group.items() if k != "fused"} for group in optimizer.param_groups]
+    return type(optimizer)(groups, **{**options, "fused": True})
 
 
 class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
@@ -214,6 +232,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=1e-4)
         else:
             optimizer = self.optimizer_factory(params)
+        optimizer = fused_on_cuda(optimizer, self.adapter.device)
         # a resumed fit restores the checkpoint's optimizer state over these: on_train_start puts
         # this run's options back (resume.apply_optimizer_options)
         self._configured = ConfiguredOptimizer.record(optimizer)

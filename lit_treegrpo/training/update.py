@@ -27,7 +27,6 @@ from ..core.loss import LossOutput, edge_loss
 from ..core.rollout import RolloutTree, num_parents, source_minibatches, split_by_parent
 from ..core.seeding import generator
 from ..models.base import Cond
-from .faults import grads_finite
 from .health import grad_norm
 from .step_log import Update
 
@@ -40,6 +39,20 @@ def combine(name: str, total: Any, value: Any) -> Any:
     if name not in BY_MAX:
         return total + value
     return value if isinstance(total, float) else torch.maximum(total, value)  # the first: 0.0
+
+
+def step_problem(losses: list[Tensor], norm: Tensor, iteration: int, first_micro_batch: int) -> str | None:
+    """Why an optimizer step must be refused, or None: a non-finite loss among its micro-batches'
+    ``losses`` (each []; the first is micro-batch ``first_micro_batch``), or a non-finite gradient
+    (its norm ``norm`` [] is non-finite exactly when a gradient element is). One host sync when all
+    is finite; the messages read the values only on the way to a refusal."""
+    values = torch.stack([loss.float() for loss in losses] + [norm.float().to(losses[0].device)])  # [M + 1]
+    if bool(torch.isfinite(values).all()):
+        return None
+    for j, loss in enumerate(losses):
+        if not torch.isfinite(loss):
+            return f"non-finite loss {loss.item()} at iteration {iteration}, micro-batch {first_micro_batch + j}"
+    return f"non-finite gradient at iteration {iteration}"
 
 
 class PolicyUpdate:
@@ -56,7 +69,7 @@ class PolicyUpdate:
         micro = steps = 0
         forwards = Compute()
         fault = None
-        bad_loss: str | None = None  # the first non-finite loss of this accumulation window
+        window: list[Tensor] = []  # the losses of this accumulation window, checked at its step
         num_updates = self._updates_per_epoch(keep)
         at_start: Tensor | None = None  # the on-policy check: the first micro-batch, before any update
         norms: list[Tensor] = []  # the gradient norm before clipping, per optimizer step
@@ -73,21 +86,20 @@ class PolicyUpdate:
                         self.manual_backward(loss / self.accumulate)
                 # backpropagated even when it is not finite: every rank must run the same
                 # backward passes; the optimizer step below is what the check refuses
-                if bad_loss is None and not bool(torch.isfinite(loss)):
-                    bad_loss = f"non-finite loss {loss.item()} at iteration {self.iteration}, micro-batch {i}"
+                window.append(loss.detach())
                 if at_start is None and edges.numel():
                     at_start = stats.ratio_dev_max
                 forwards, micro = forwards + n, micro + 1
                 totals = [combine(name, total, value) for name, total, value in zip(LossOutput._fields, totals, stats)]
                 if not last:
                     continue
-                norms.append(grad_norm(self.adapter.trainable_parameters()))
+                norm = grad_norm(self.adapter.trainable_parameters())  # [] non-finite iff a gradient is
+                norms.append(norm)
                 if self.grad_clip is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                problem = bad_loss
-                if problem is None and not grads_finite(self.adapter.trainable_parameters()):
-                    problem = f"non-finite gradient at iteration {self.iteration}"
-                bad_loss = None
+                # the step's one host sync: were its losses and its gradient finite
+                problem = step_problem(window, norm, self.iteration, i + 1 - len(window))
+                window = []
                 if self._any_rank(problem is not None):
                     optimizer.zero_grad(set_to_none=True)
                     fault = self.fault_ledger.refuse_update(problem, self.iteration)

@@ -203,3 +203,21 @@ def test_kl_beta_needs_lora_is_stated_once_naming_the_option_and_the_fix() -> No
         check_kl_reference(0.1, has_lora=False, prefix="--model.")
     assert "\n" not in str(err.value)
     assert str(err.value).endswith("set --model.adapter.init_args.lora or --model.loss.kl_beta 0")
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+def test_group_aggregation_equals_brute_force_over_any_group_ids(aggregation: str) -> None:
+    # unsorted, gapped ids (node indices of parents): the per-group sums or means, averaged over
+    # the groups present, computed edge by edge in Python
+    g = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        B = int(torch.randint(1, 30, (1,), generator=g))
+        group = torch.randint(0, 1000, (B,), generator=g) if trial % 2 else torch.randint(0, 4, (B,), generator=g)
+        per_edge = torch.randn(B, generator=g, dtype=torch.float64)
+        buckets: dict[int, list[float]] = {}
+        for gid, value in zip(group.tolist(), per_edge.tolist()):
+            buckets.setdefault(gid, []).append(value)
+        reduce = sum if aggregation == "sum" else (lambda v: sum(v) / len(v))
+        expected = sum(reduce(v) for v in buckets.values()) / len(buckets)
+        got = ClippedPolicyLoss(aggregation=aggregation)._aggregate(per_edge, group)
+        assert abs(got.item() - expected) < 1e-12, (trial, got.item(), expected)

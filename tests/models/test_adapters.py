@@ -273,6 +273,9 @@ def test_bad_dtype_and_step_index() -> None:
     adapter, _ = make("sd15")
     with pytest.raises(ValueError, match="step_index must be in 0..3"):
         adapter.predict(adapter.initial_noise(1), T, adapter.encode_prompts(PROMPTS[:1]))
+    # a [B] tensor (training) is checked on the device, without waiting for it: on the CPU at once
+    with pytest.raises(RuntimeError, match="step_index must be in 0..3"):
+        adapter.predict(adapter.initial_noise(1), torch.tensor([T]), adapter.encode_prompts(PROMPTS[:1]))
 
 
 def test_lora_settings_validation() -> None:
