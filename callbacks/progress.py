@@ -63,6 +63,7 @@ class ProgressLines(Callback):
         self._start: tuple[float, int, int] | None = None  # (time, iteration, optimizer steps) at train start
         self._last: tuple[float, int] = (0.0, 0)  # (time, iteration) of the last line
         self._val_start: float | None = None
+        self._val_seconds = 0.0  # validation time since train start, left out of the ETA's pace
 
     def _print(self, trainer: pl.Trainer, text: str) -> None:
         if trainer.is_global_zero:
@@ -83,7 +84,9 @@ class ProgressLines(Callback):
 
     def _eta(self, trainer: pl.Trainer, pl_module: pl.LightningModule, iteration: int, now: float) -> str:
         """Time left from the fraction of the run done: iterations under an iteration limit, else
-        optimizer steps out of ``max_steps`` (an iteration makes a varying number of them)."""
+        optimizer steps out of ``max_steps`` (an iteration makes a varying number of them), at the
+        pace of training alone (validations left out: the base model's, before the first
+        iteration, would otherwise count as training time)."""
         assert self._start is not None
         t0, it0, steps0 = self._start
         total = self._total(trainer, pl_module)
@@ -95,13 +98,14 @@ class ProgressLines(Callback):
             return ""
         if done <= 0:
             return ""
-        return f"  ETA {format_duration((now - t0) / done * max(left, 0))}"
+        return f"  ETA {format_duration((now - t0 - self._val_seconds) / done * max(left, 0))}"
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         now = time.perf_counter()
         self._start = (now, pl_module.iteration, trainer.global_step)
         self._last = (now, pl_module.iteration)
+        self._val_seconds = 0.0
         total = self._total(trainer, pl_module)
         until = (
             f"to iteration {total}"
@@ -150,6 +154,7 @@ class ProgressLines(Callback):
         where = f"iteration {pl_module.iteration}" + (f"/{total}" if total else "")
         self._print(trainer, f"{where}  held-out reward {shown}  (validation {took:.1f} s)")
         self._last = (self._last[0] + took, self._last[1])  # s/it counts training time only
+        self._val_seconds += took
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

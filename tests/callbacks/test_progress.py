@@ -27,3 +27,33 @@ def test_a_varying_number_of_optimizer_steps_gives_the_total_in_optimizer_steps(
     lines = _lines(tmp_path, 4, edges_per_update=5)
     assert lines[0] == "training from iteration 0 to optimizer step 4"
     assert lines[1].startswith("iteration 1  reward ")
+
+
+def test_validations_are_not_counted_as_training_time(monkeypatch) -> None:
+    # the base model's validation runs before the first iteration: 30 s of it must not make the
+    # first iteration's 2 s look like 32 s, neither in s/it nor in the ETA
+    from types import SimpleNamespace
+
+    import torch
+
+    from lit_treegrpo.callbacks import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    lines = ProgressLines(every_n_iterations=1, stream=stream)
+    metrics = {"val/reward": torch.tensor(0.5), "reward": torch.tensor(0.6)}
+    trainer = SimpleNamespace(callbacks=[], max_steps=10, global_step=0, is_global_zero=True, sanity_checking=False,
+                              callback_metrics=metrics)  # fmt: skip
+    model = SimpleNamespace(iteration=0, optimizer_steps_per_iteration=1)
+    lines.on_train_start(trainer, model)
+    lines.on_validation_start(trainer, model)
+    clock[0] = 30.0
+    lines.on_validation_end(trainer, model)
+    clock[0], model.iteration, trainer.global_step = 32.0, 1, 1
+    lines.on_train_batch_end(trainer, model, None, None, 0)
+    assert stream.getvalue().splitlines() == [
+        "training from iteration 0 to iteration 10",
+        "iteration 0/10  held-out reward 0.5000  (validation 30.0 s)",
+        "iteration 1/10  reward 0.6000  2.00 s/it  ETA 18s",
+    ]
