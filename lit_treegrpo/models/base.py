@@ -170,8 +170,9 @@ def cast_components(components: dict[str, Any], torch_dtype: str, keep_float32: 
     that the option means the same for every way an adapter gets its model."""
     dtype = parse_dtype(torch_dtype)
     for name, component in components.items():
-        if isinstance(component, nn.Module):
-            component.to(torch.float32 if name in keep_float32 else dtype)
+        target = torch.float32 if name in keep_float32 else dtype
+        if isinstance(component, nn.Module) and any(p.dtype != target for p in component.parameters()):
+            component.to(target)  # only then: diffusers' models warn about any dtype cast
 
 
 class ScheduleTables:
@@ -205,6 +206,8 @@ class DiffusionAdapter(nn.Module, ABC):
         lora: LoRA settings, or ``None`` to fine-tune the whole denoiser.
         gradient_checkpointing: recompute activations in the backward pass to save memory.
         decode_batch_size: images per VAE decode call.
+        compile: ``torch.compile`` the denoiser in place (``nn.Module.compile``: parameter names,
+            LoRA saving and checkpoints are unchanged), once its LoRA is attached.
     """
 
     #: the one module that trains (LoRA or fully); the memory probe and the export read it too
@@ -237,6 +240,7 @@ class DiffusionAdapter(nn.Module, ABC):
         lora: LoraSettings | None,
         gradient_checkpointing: bool,
         decode_batch_size: int,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if decode_batch_size < 1:
@@ -253,6 +257,8 @@ class DiffusionAdapter(nn.Module, ABC):
         self.gradient_checkpointing = gradient_checkpointing
         """Activations are recomputed in the backward pass (the memory guard counts them so)."""
         self.decode_batch_size = decode_batch_size
+        self.compile_denoiser = compile
+        """The denoiser runs compiled (``torch.compile``; the sharding refuses it with FSDP2)."""
         self.truncation = TruncationWarner()  # prompts over a text encoder's limit: warned once
 
     # ------------------------------------------------------------------------ set-up helpers
@@ -265,6 +271,8 @@ class DiffusionAdapter(nn.Module, ABC):
             self.denoiser.requires_grad_(True)
         if self.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
+        if self.compile_denoiser:
+            self.denoiser.compile()
         self.train(False)
 
     def train(self, mode: bool = True) -> DiffusionAdapter:
@@ -312,6 +320,12 @@ class DiffusionAdapter(nn.Module, ABC):
         """FSDP2 over the data-parallel ``mesh``: shard each block of :attr:`shard_blocks`, then
         the denoiser. Frozen encoders and the VAE stay replicated."""
         from torch.distributed.fsdp import fully_shard
+
+        if self.compile_denoiser:
+            raise ValueError(
+                "--model.adapter.init_args.compile true does not go with FSDP2 here (its hooks run around "
+                "the compiled module); use compile false with ModelParallelStrategy"
+            )
 
         for blocks in self.shard_blocks:
             for block in getattr(self.denoiser, blocks, []):

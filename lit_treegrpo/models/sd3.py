@@ -40,6 +40,8 @@ class SD3Adapter(FlowMatchingAdapter):
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
+        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
+            their names); the first iteration pays the compilation. Not with FSDP2.
     """
 
     lora_layers_arg = "transformer"
@@ -62,6 +64,7 @@ class SD3Adapter(FlowMatchingAdapter):
         variant: str | None = None,
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 8,
+        compile: bool = False,
     ) -> None:
         super().__init__(
             num_steps=num_steps,
@@ -70,6 +73,7 @@ class SD3Adapter(FlowMatchingAdapter):
             lora=lora,
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
+            compile=compile,
         )
         from diffusers import StableDiffusion3Pipeline
 

@@ -263,6 +263,8 @@ class ShapesAdapter(FlowMatchingAdapter):
         torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: unused (pixels need no decoder); kept for the adapter interface.
+        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
+            their names); the first iteration pays the compilation. Not with FSDP2.
     """
 
     lora_layers_arg = "transformer"
@@ -280,6 +282,7 @@ class ShapesAdapter(FlowMatchingAdapter):
         torch_dtype: str = "float32",
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 256,
+        compile: bool = False,
     ) -> None:
         super().__init__(
             num_steps=num_steps,
@@ -288,6 +291,7 @@ class ShapesAdapter(FlowMatchingAdapter):
             lora=lora,
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
+            compile=compile,
         )
         self._init_flow(noise_level, dynamics)
         if isinstance(pretrained, dict):

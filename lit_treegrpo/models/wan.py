@@ -108,6 +108,8 @@ class WanAdapter(FlowMatchingAdapter):
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: videos per VAE decode call.
+        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
+            their names); the first iteration pays the compilation. Not with FSDP2.
     """
 
     lora_layers_arg = "transformer"
@@ -134,6 +136,7 @@ class WanAdapter(FlowMatchingAdapter):
         variant: str | None = None,
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 1,
+        compile: bool = False,
     ) -> None:
         super().__init__(
             num_steps=num_steps,
@@ -142,6 +145,7 @@ class WanAdapter(FlowMatchingAdapter):
             lora=lora,
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
+            compile=compile,
         )
         from diffusers import WanPipeline
 

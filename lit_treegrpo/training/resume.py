@@ -30,9 +30,9 @@ from ..core.spec import TreeSpec
 #: how every refusal ends: the two ways to start over instead of resuming
 NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_dir)"
 
-#: adapter options that bound memory only (what the model computes does not change): a resume may
-#: change them, as ``--model.rollout``
-ADAPTER_MEMORY_OPTIONS = ("gradient_checkpointing", "decode_batch_size")
+#: adapter options that bound memory or speed only (what the model computes does not change, up to
+#: float rounding for the last two): a resume may change them, as ``--model.rollout``
+ADAPTER_MEMORY_OPTIONS = ("gradient_checkpointing", "decode_batch_size", "compile", "channels_last")
 
 #: (fingerprint key, the option it records, compared by field (True) or as one value (False),
 #: compared for every command (True) or only when a fit resumes (False)), in the order
