@@ -36,8 +36,9 @@ class HealthChecks:
 
     ratio_tolerance: float | None = None
     """Largest ``|ratio - 1|`` allowed on the first micro-batch of an iteration, before any update
-    (``health/ratio_dev_at_start``); above it a warning (once per fit). ``null``: by the
-    denoiser's dtype, 1e-5 for float32 / float64 and 1e-3 for bfloat16 / float16."""
+    (``health/ratio_dev_at_start``); above it a warning (once per fit). ``null``: by the dtype
+    the denoiser computes in (its weights', or the autocast's under ``--trainer.precision
+    bf16-mixed`` / ``16-mixed``), 1e-5 for float32 / float64 and 1e-3 for bfloat16 / float16."""
 
     def __post_init__(self) -> None:
         if self.ratio_tolerance is not None and not self.ratio_tolerance > 0:

@@ -319,12 +319,22 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
         return owners[0].pruning_at(self.iteration, stochastic, self.seed)
 
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the denoiser computes in: the autocast's under ``--trainer.precision``
+        ``bf16-mixed`` / ``16-mixed`` (or ``-true``), else its weights'."""
+        precision = str(getattr(self._trainer, "precision", "") or "")
+        if precision.startswith("bf16"):
+            return torch.bfloat16
+        if precision.startswith("16"):
+            return torch.float16
+        return self.adapter.dtype
+
     def _check_on_policy(self, update: Update) -> None:
         """Warn (once) when the first micro-batch's ratios, before any update, were not 1 (one
         host read per iteration, after the updates)."""
         if update.ratio_dev_at_start is None or self._warned_off_policy:
             return
-        message = self.health.off_policy(float(update.ratio_dev_at_start), self.adapter.dtype, self.iteration)
+        message = self.health.off_policy(float(update.ratio_dev_at_start), self._compute_dtype(), self.iteration)
         if message is not None:
             self._warned_off_policy = True
             warnings.warn(message, UserWarning, stacklevel=2)

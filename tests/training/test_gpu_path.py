@@ -3,6 +3,8 @@ kernels exist there too."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -42,3 +44,45 @@ def test_other_choices_are_left_alone() -> None:
     assert fused_on_cuda(chosen, CUDA) is chosen
     sgd = torch.optim.SGD(_params(), lr=0.1)
     assert fused_on_cuda(sgd, CUDA) is sgd
+
+
+@pytest.mark.parametrize("family", ["sd3", "sd15"])
+def test_bf16_mixed_precision_trains_on_policy(tmp_path, family: str) -> None:
+    """``--trainer.precision bf16-mixed``: the denoiser runs under bfloat16 autocast, in sampling
+    and in training alike, so the first micro-batch's ratios are 1 within bfloat16's tolerance
+    (1e-3; measured 0 here), the losses are finite, and the on-policy check does not warn."""
+    import warnings
+
+    from lit_treegrpo.core import TreeSpec
+    from lit_treegrpo.models.tiny import TinySD3Adapter, TinySD15Adapter
+    from lit_treegrpo.rewards import Brightness
+    from lit_treegrpo.training.module import TreeGRPOModule
+    from tests.training.test_module import fit
+
+    adapter = (TinySD3Adapter if family == "sd3" else TinySD15Adapter)(num_steps=3, guidance_scale=1.0)
+    model = TreeGRPOModule(adapter, reward=Brightness(), tree=TreeSpec(branch_steps=(0, 1), branching=2))
+    logged: list[dict[str, float]] = []
+    log_dict = model.log_dict
+
+    def keep(metrics, *args, **kwargs):
+        logged.append({k: float(v) for k, v in metrics.items() if isinstance(v, (float, torch.Tensor))})
+        return log_dict(metrics, *args, **kwargs)
+
+    model.log_dict = keep
+    outputs: set[torch.dtype] = set()
+    denoise = adapter._denoise
+
+    def recorded(*args, **kwargs):
+        out = denoise(*args, **kwargs)
+        outputs.add(out.dtype)
+        return out
+
+    adapter._denoise = recorded
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*importance ratios.*")
+        fit(model, 2, tmp_path, precision="bf16-mixed")
+    assert outputs == {torch.bfloat16}  # autocast reached the denoiser
+    deviations = [m["health/ratio_dev_at_start"] for m in logged if "health/ratio_dev_at_start" in m]
+    losses = [m["loss"] for m in logged if "loss" in m]
+    assert len(deviations) == 2 and max(deviations) <= 1e-3, deviations
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
