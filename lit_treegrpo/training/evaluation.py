@@ -39,7 +39,7 @@ class Evaluation:
         it is in or the number of processes."""
         device = self.adapter.device
         gens = [generator(seed, zlib.crc32(p.encode()), device=device) for p in prompts]
-        cond = self.adapter.encode_prompts(prompts)
+        cond = self.encode(prompts)
         noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
         tree = rollout(
             self.adapter.predict,

@@ -65,7 +65,7 @@ class TreeGrowth:
         """
         ledger = self.fault_ledger
         spec = self.tree.at(self.iteration, self.seed)
-        cond = self.adapter.encode_prompts(prompts)
+        cond = self.encode(prompts)
         noise = root_noise(self.adapter.initial_noise, generators, spec)  # [P * num_trees, *S]
         if guard:
             self._guard_memory(spec, cond, noise, len(prompts))

@@ -51,6 +51,7 @@ from .faults import FaultLedger, FaultPolicy, StepPlan
 from .growth import TreeGrowth
 from .health import HealthChecks
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
+from .prompt_cache import PromptCache, PromptCacheSettings
 from .resume import (
     ConfiguredOptimizer,
     reward_record,
@@ -129,6 +130,10 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             forwards, scored images) into compute units (``compute/*`` metrics; see
             :mod:`lit_treegrpo.core.compute`): a trained forward with its backward is 3 sampling
             forwards by default.
+        prompt_cache: keep each distinct prompt's embedding (an LRU of ``size`` prompts, on the
+            device or the CPU), optionally encode every prompt of the data at the start of a fit and
+            move the text encoders to the CPU (:mod:`~lit_treegrpo.training.prompt_cache`); off by
+            default.
         health: the on-policy check: the largest ``|ratio - 1|`` of each iteration's first
             micro-batch, before any update, is logged (``health/ratio_dev_at_start``) and warned
             about above ``ratio_tolerance`` (default by dtype; :mod:`~lit_treegrpo.training.health`).
@@ -158,6 +163,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         memory_guard: MemoryGuard = MemoryGuard(),
         compute_cost: ComputeCost = ComputeCost(),
         health: HealthChecks = HealthChecks(),
+        prompt_cache: PromptCacheSettings = PromptCacheSettings(),
     ) -> None:
         super().__init__()
         tree = tree.with_num_steps(adapter.num_steps)  # the adapter owns the number of steps
@@ -202,6 +208,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self.faults = faults
         self.memory_guard = memory_guard
         self.health = health
+        self.prompt_cache = PromptCache(prompt_cache)
         self._warned_off_policy = False
         self.fault_ledger = FaultLedger(faults)  # its counters are restored from checkpoints
         self.rollout_guard = RolloutGuard(
@@ -428,8 +435,13 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         return max(self.trainer.num_devices, 1)
 
     # ------------------------------------------------------------------------ fit start
+    def encode(self, prompts: list[str]) -> Cond:
+        """The text conditioning of ``prompts`` (P rows), through the prompt cache."""
+        return self.prompt_cache.encode(self.adapter, prompts)
+
     def on_fit_start(self) -> None:
         self._sync_data_stream()
+        self._pre_encode()
         spec = self.tree.at(self.iteration, self.seed)
         self.rollout_guard.before_data(
             self.adapter, self._datamodule(), spec, processes=self._node_processes(), any_rank=self._any_rank
@@ -444,6 +456,17 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
                 processes=self._node_processes(),
                 any_rank=self._any_rank,
             )
+
+    def _pre_encode(self) -> None:
+        """``prompt_cache.pre_encode``: every training and validation prompt of the datamodule."""
+        if not self.prompt_cache.settings.pre_encode:
+            return
+        datamodule = self._datamodule()
+        sets = [getattr(datamodule, name, None) for name in ("train_set", "val_set")]
+        prompts = [p for s in sets if s is not None for p in s.prompts]
+        if not prompts:
+            raise ValueError("prompt_cache.pre_encode: the datamodule has no prompts to encode (train_set / val_set)")
+        self.prompt_cache.pre_encode(self.adapter, prompts)
 
     def _datamodule(self) -> Any:
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

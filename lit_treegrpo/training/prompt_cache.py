@@ -1,0 +1,174 @@
+"""Each distinct prompt encoded once: :class:`PromptCache` keeps the rows of the text encoders'
+output per prompt (LRU, ``size`` prompts), on the device or on the CPU, and can pre-encode a fixed
+prompt set at the start of a fit and then move the text encoders off the accelerator.
+
+Why: a training iteration re-encodes its batch's prompts, and the text encoders stay on the
+accelerator through the run; FLUX.1's T5 and Wan's UMT5 are 4.7-5.7B parameters, which is memory
+the denoiser's activations could use (DanceGRPO precomputes embeddings in a preprocessing script,
+Flow-Factory keeps a fingerprinted cache and offloads the encoders). Here the cache is keyed by the
+prompt and by what else changes its embedding (:func:`encoding_key`: the adapter's class, its text
+encoders, the negative prompt and whether it uses one, the sequence length), and a cached row is
+the row the encoder gave for that prompt. Every encoder call, with the cache or without, takes the
+same number of prompts (``encode_batch``), so that a prompt's row does not depend on the prompts
+encoded with it, and training is bitwise unchanged with the cache on (a test checks it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Cond = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class PromptCacheSettings:
+    """``--model.prompt_cache``: whether and where prompt embeddings are kept."""
+
+    size: int = 0
+    """Prompts whose embeddings are kept (least recently used dropped first); 0: no cache, every
+    call encodes (the default)."""
+    on_cpu: bool = False
+    """Keep the cached rows in CPU memory (each call copies its rows to the device) instead of on
+    the model's device."""
+    pre_encode: bool = False
+    """At the start of a fit, encode every training and validation prompt of the datamodule (needs
+    a ``size`` that holds them all)."""
+    offload_encoders: bool = False
+    """After ``pre_encode``, move the text encoders to the CPU; a prompt not in the cache later (a
+    callback's own prompt) brings them back for that call, with a warning the first time."""
+    encode_batch: int = 8
+    """Prompts per text-encoder call, cache or not: every call encodes exactly this many (the last
+    one padded by repeating its last prompt). A matrix product's kernel is chosen by its shape, so
+    a row's last float bit can depend on how many rows were encoded with it (measured: the tiny
+    CLIP's pooled output, 1 or 3 prompts vs 8); with one size for every call, a prompt's embedding
+    depends on the prompt alone, and the cache returns what encoding it again would."""
+
+    def __post_init__(self) -> None:
+        if self.encode_batch < 1:
+            raise ValueError(f"prompt_cache.encode_batch must be >= 1, got {self.encode_batch}")
+        if self.size < 0:
+            raise ValueError(f"prompt_cache.size must be >= 0 (0: no cache), got {self.size}")
+        if self.pre_encode and self.size == 0:
+            raise ValueError("prompt_cache.pre_encode needs a cache: set prompt_cache.size to the number of prompts")
+        if self.offload_encoders and not self.pre_encode:
+            raise ValueError("prompt_cache.offload_encoders needs prompt_cache.pre_encode true (encode first)")
+
+
+def text_encoders(adapter: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The adapter's text encoders: its module attributes named ``text_encoder*``."""
+    return [(name, m) for name, m in adapter.named_children() if name.startswith("text_encoder") and m is not None]
+
+
+def encoding_key(adapter: Any) -> tuple[Any, ...]:
+    """What besides the prompt decides its embedding: a change of any of these empties the cache."""
+    return (
+        type(adapter).__name__,
+        tuple((name, id(m)) for name, m in text_encoders(adapter)),
+        getattr(adapter, "negative_prompt", None),
+        bool(getattr(adapter, "do_cfg", False)),
+        getattr(adapter, "max_sequence_length", None),
+        getattr(adapter, "use_t5", None),
+    )
+
+
+class PromptCache:
+    """An LRU of per-prompt embedding rows in front of ``adapter.encode_prompts``."""
+
+    def __init__(self, settings: PromptCacheSettings) -> None:
+        self.settings = settings
+        self._rows: OrderedDict[str, Cond] = OrderedDict()  # prompt -> {name: [1, ...]}
+        self._key: tuple[Any, ...] | None = None
+        self.hits = 0
+        self.misses = 0
+        self._offloaded: list[tuple[str, nn.Module]] = []
+        self._warned_miss = False
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def encode(self, adapter: Any, prompts: list[str]) -> Cond:
+        """The conditioning of ``prompts`` [P rows]: from the cache where it holds them; the others
+        encoded in calls of ``encode_batch`` prompts."""
+        if self.settings.size == 0:
+            return self._encode(adapter, prompts)
+        key = encoding_key(adapter)
+        if key != self._key:
+            self._rows.clear()
+            self._key = key
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._rows))  # [M] distinct, in order
+        fresh: dict[str, Cond] = {}
+        if missing:
+            cond = self._encode(adapter, missing)
+            for i, prompt in enumerate(missing):
+                fresh[prompt] = {name: self._keep(value[i : i + 1]) for name, value in cond.items()}
+        self.hits += len(prompts) - len(missing)  # rows served without encoding them again
+        self.misses += len(missing)
+        rows = [fresh.get(p) or self._rows[p] for p in prompts]
+        device = adapter.device
+        out = {name: torch.cat([row[name] for row in rows]).to(device) for name in rows[0]}  # [P, ...]
+        for prompt in prompts:  # most recently used last; the fresh rows enter now
+            if prompt in fresh:
+                self._rows[prompt] = fresh[prompt]
+            self._rows.move_to_end(prompt)
+        while len(self._rows) > self.settings.size:
+            self._rows.popitem(last=False)
+        return out
+
+    def pre_encode(self, adapter: Any, prompts: Iterable[str], batch_size: int = 64) -> None:
+        """Encode every one of ``prompts`` into the cache (in batches), then offload the text
+        encoders when the settings say so."""
+        distinct = list(dict.fromkeys(prompts))
+        if len(distinct) > self.settings.size:
+            raise ValueError(
+                f"prompt_cache.pre_encode: {len(distinct)} distinct prompts do not fit prompt_cache.size "
+                f"{self.settings.size}; raise it to at least {len(distinct)}"
+            )
+        for start in range(0, len(distinct), batch_size):
+            self.encode(adapter, distinct[start : start + batch_size])
+        if self.settings.offload_encoders:
+            self._offloaded = text_encoders(adapter)
+            for _, module in self._offloaded:
+                module.to("cpu")
+
+    def _encode(self, adapter: Any, prompts: list[str]) -> Cond:
+        """``adapter.encode_prompts`` in calls of exactly ``encode_batch`` prompts, cut back to ``prompts``."""
+        n = self.settings.encode_batch
+        parts = []
+        for start in range(0, len(prompts), n):
+            chunk = prompts[start : start + n]
+            padded = chunk + [chunk[-1]] * (n - len(chunk))
+            cond = self._encode_call(adapter, padded)
+            parts.append({name: value[: len(chunk)] for name, value in cond.items()})
+        if len(parts) == 1:
+            return parts[0]
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+    def _encode_call(self, adapter: Any, prompts: list[str]) -> Cond:
+        if not self._offloaded:
+            return adapter.encode_prompts(prompts)
+        if not self._warned_miss:
+            self._warned_miss = True
+            warnings.warn(
+                f"prompt_cache: {prompts[0]!r} was not pre-encoded; the text encoders come back to the device "
+                "for each such call (add the prompt to the data, or raise prompt_cache.size)",
+                UserWarning,
+                stacklevel=3,
+            )
+        for _, module in self._offloaded:
+            module.to(adapter.device)
+        try:
+            return adapter.encode_prompts(prompts)
+        finally:
+            for _, module in self._offloaded:
+                module.to("cpu")
+
+    def _keep(self, row: Tensor) -> Tensor:
+        row = row.detach()
+        return row.to("cpu", copy=True) if self.settings.on_cpu else row.clone()
