@@ -16,20 +16,39 @@ micro-batches + backward + one optimizer step. Methods (per prompt):
 - ``dancegrpo_g27``: 27 SDE chains (matched leaves), 60% of the steps trained;
 - ``mixgrpo_g12``: 12 chains with an SDE window of 4 steps.
 
-Prints absolute seconds per iteration (rollout, training, total) and ratios to dancegrpo_g12 and to
-the matched dancegrpo_g27. ``--tiny --device cpu`` runs the same code path on a tiny transformer
-(what the test suite does).
+Prints absolute seconds per iteration (rollout, reward, training, total), the peak accelerator
+memory of each method and ratios to dancegrpo_g12 and to the matched dancegrpo_g27; ``--json``
+writes them. ``--tiny --device cpu`` runs the same code path on a tiny transformer (what the test
+suite does).
 
-    python benchmarks/gpu_sd35.py [--prompts 1] [--repeats 2] [--resolution 512]
+Switches (the project's own options, so a run shows what each is worth on the GPU):
+
+- ``--precision``: ``bf16`` (weights in bfloat16, the default on CUDA), ``bf16-mixed`` (float32
+  weights under bfloat16 autocast, as ``--trainer.precision bf16-mixed``) or ``fp32``;
+- ``--compile``: ``torch.compile`` of the denoiser (the adapters' ``compile`` option; the warm-up
+  iteration pays the compilation, the timed ones do not);
+- ``--prompt-cache``: the prompt-embedding cache (``--model.prompt_cache``) in front of the text
+  embeddings;
+- ``--no-fused-adamw``: AdamW's default implementation instead of the fused one the module picks on
+  CUDA.
+
+One H200 (141 GB), all four methods, 2 timed iterations each: the script is sized to finish within
+10 minutes (not yet run: no GPU has been lent to this project so far).
+
+    python benchmarks/gpu_sd35.py [--prompts 1] [--repeats 2] [--resolution 512] [--precision bf16]
+        [--compile] [--prompt-cache] [--json results.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import statistics
 import time
 import zlib
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -46,6 +65,8 @@ from lit_treegrpo.models.base import Cond
 from lit_treegrpo.models.flow import FlowMatchingAdapter
 from lit_treegrpo.models.lora import SD3_LORA_TARGETS, LoraSettings
 from lit_treegrpo.models.sd3 import sd3_transformer_forward
+from lit_treegrpo.training.module import fused_on_cuda
+from lit_treegrpo.training.prompt_cache import PromptCache, PromptCacheSettings
 
 SD35_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium, transformer/config.json
     sample_size=128,
@@ -98,6 +119,7 @@ class RandomSD3Adapter(FlowMatchingAdapter):
         lora_rank: int = 32,
         gradient_checkpointing: bool = True,
         text_tokens: int = TEXT_TOKENS,
+        compile: bool = False,
     ) -> None:
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
@@ -108,6 +130,7 @@ class RandomSD3Adapter(FlowMatchingAdapter):
             lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank),
             decode_batch_size=1,
             gradient_checkpointing=gradient_checkpointing,
+            compile=compile,
         )
         self._init_flow(noise_level, dynamics)
         torch.manual_seed(0)
@@ -164,20 +187,27 @@ def iteration(
     train_batch: int,
     seed: int,
     max_batch: int = 64,
-) -> tuple[float, float, int, int]:
-    """One timed GRPO iteration: (rollout s, training s, NFE, training forwards)."""
+    cache: PromptCache | None = None,
+    autocast: torch.dtype | None = None,
+) -> tuple[float, float, float, int, int]:
+    """One timed GRPO iteration: (rollout s, reward s, training s, NFE, training forwards)."""
     device = adapter.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    amp = torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
     gens = [torch.Generator(device).manual_seed(seed * 1000 + i) for i in range(len(prompts))]
-    cond = adapter.encode_prompts(prompts)
+    cond = cache.encode(adapter, prompts) if cache is not None else adapter.encode_prompts(prompts)
     noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in gens])
     sync()
     start = time.perf_counter()
-    tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
+    with amp:
+        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
     sync()
     rolled = time.perf_counter()
+    # random rewards: every method would pay the reward model alike per leaf
     rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(seed)).to(device)
     adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
+    sync()
+    scored = time.perf_counter()
     stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
     chosen = torch.randperm(len(stochastic), generator=torch.Generator().manual_seed(seed))
     trained = torch.tensor(
@@ -190,13 +220,14 @@ def iteration(
     for edges in source_minibatches(tree, keep, num_batches=chunks, generator=torch.Generator().manual_seed(seed)):
         if edges.numel() == 0:
             continue
-        new = recompute_log_probs(adapter.predict, adapter.step, tree, edges, cond)
-        out = loss_fn(new.step.log_prob, tree.edge_old_log_prob[edges], adv[edges], group=new.group)
+        with amp:
+            new = recompute_log_probs(adapter.predict, adapter.step, tree, edges, cond)
+            out = loss_fn(new.step.log_prob, tree.edge_old_log_prob[edges], adv[edges], group=new.group)
         (out.loss / chunks).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     sync()
-    return rolled - start, time.perf_counter() - rolled, tree.nfe, sources
+    return rolled - start, scored - rolled, time.perf_counter() - scored, tree.nfe, sources
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -209,57 +240,77 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--max-batch", type=int, default=64, help="nodes per rollout model call (x2 rows with CFG)")
     p.add_argument("--train-batch", type=int, default=16, help="sources per training micro-batch")
     p.add_argument("--methods", nargs="+", default=None, help="subset of " + ", ".join(specs()))
+    p.add_argument("--precision", choices=("bf16", "bf16-mixed", "fp32"), default=None,
+                   help="bf16 weights (default on CUDA), float32 weights under bf16 autocast, or float32 (default on CPU)")  # fmt: skip
+    p.add_argument("--compile", action="store_true", help="torch.compile the denoiser (the adapters' compile option)")
+    p.add_argument("--prompt-cache", action="store_true", help="the prompt-embedding cache in front of the embeddings")
+    p.add_argument("--no-fused-adamw", action="store_true", help="AdamW's default implementation, not the fused one")
+    p.add_argument("--json", type=Path, default=None, help="also write the results (and the switches) to this file")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no GPU is visible; run on a GPU machine, or pass --tiny --device cpu for a smoke run")
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    autocast = torch.bfloat16 if precision == "bf16-mixed" else None
     config = TINY if args.tiny else SD35_MEDIUM
     resolution = config["sample_size"] * 8 if args.tiny else args.resolution
-    adapter = RandomSD3Adapter(config, dtype=dtype, resolution=resolution, lora_rank=4 if args.tiny else 32).to(device)
+    adapter = RandomSD3Adapter(
+        config, dtype=dtype, resolution=resolution, lora_rank=4 if args.tiny else 32, compile=args.compile
+    ).to(device)
     optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
+    if not args.no_fused_adamw:
+        optimizer = fused_on_cuda(optimizer, device)
+    cache = PromptCache(PromptCacheSettings(size=max(8, 2 * args.prompts))) if args.prompt_cache else None
     prompts = [f"prompt {i}" for i in range(args.prompts)]
     params = sum(p.numel() for p in adapter.denoiser.parameters()) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
         f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
-        f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}\n"
+        f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}; precision {precision}, "
+        f"compile {args.compile}, prompt cache {args.prompt_cache}, fused AdamW {optimizer.defaults.get('fused')}\n"
     )
+    run = dict(max_batch=args.max_batch, cache=cache, autocast=autocast)
     chosen = {k: v for k, v in specs().items() if args.methods is None or k in args.methods}
     results: dict[str, dict[str, float]] = {}
     for method, (spec, fraction) in chosen.items():
-        iteration(
-            adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, max_batch=args.max_batch
-        )  # warm-up
+        iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, **run)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         runs = [
-            iteration(
-                adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, max_batch=args.max_batch
-            )
+            iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, **run)
             for r in range(args.repeats)
         ]
-        roll, train = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        roll, reward, train = (statistics.median(r[i] for r in runs) for i in range(3))
         results[method] = {
             "rollout_s": roll,
+            "reward_s": reward,
             "train_s": train,
-            "total_s": roll + train,
+            "total_s": roll + reward + train,
             "leaves": spec.num_leaves,
-            "nfe": runs[0][2],
-            "train_forwards": runs[0][3],
+            "nfe": runs[0][3],
+            "train_forwards": runs[0][4],
+            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
         }
-        print(f"{method}: {roll + train:.2f} s / iteration", flush=True)
+        print(f"{method}: {results[method]['total_s']:.2f} s / iteration", flush=True)
     print(
-        "\n| method | leaves / prompt | NFE | training forwards | rollout s | training s | iteration s "
-        "| speed-up vs dancegrpo_g12 | speed-up vs dancegrpo_g27 (matched leaves) |"
+        "\n| method | leaves / prompt | NFE | training forwards | rollout s | reward s | training s | iteration s "
+        "| peak GiB | speed-up vs dancegrpo_g12 | speed-up vs dancegrpo_g27 (matched leaves) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for method, r in results.items():
         ratios = []
         for ref in ("dancegrpo_g12", "dancegrpo_g27"):
             ratios.append(f"{results[ref]['total_s'] / r['total_s']:.2f}x" if ref in results else "—")
         print(
             f"| {method} | {r['leaves']} | {r['nfe']} | {r['train_forwards']} | {r['rollout_s']:.2f} | "
-            f"{r['train_s']:.2f} | {r['total_s']:.2f} | {ratios[0]} | {ratios[1]} |"
+            f"{r['reward_s']:.3f} | {r['train_s']:.2f} | {r['total_s']:.2f} | {r['peak_gib']:.1f} | "
+            f"{ratios[0]} | {ratios[1]} |"
         )
+    if args.json is not None:
+        switches = {"precision": precision, "compile": args.compile, "prompt_cache": args.prompt_cache,
+                    "fused_adamw": bool(optimizer.defaults.get("fused")), "device": name, "torch": torch.__version__}  # fmt: skip
+        args.json.write_text(json.dumps({"switches": switches, "methods": results}, indent=2) + "\n")
     return results
 
 

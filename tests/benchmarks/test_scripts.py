@@ -26,6 +26,17 @@ def test_gpu_sd35_runs_its_code_path_on_a_tiny_transformer(capsys) -> None:
     assert "speed-up vs dancegrpo_g27" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the GPU benchmark's switches on a tiny model, on CPU
+def test_gpu_sd35_switches_run_and_are_written(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo",
+                             "--precision", "bf16-mixed", "--prompt-cache", "--json", str(out)])  # fmt: skip
+    written = json.loads(out.read_text())
+    assert written["switches"]["precision"] == "bf16-mixed" and written["switches"]["prompt_cache"] is True
+    assert written["methods"]["treegrpo"]["nfe"] == results["treegrpo"]["nfe"] == 202
+    assert results["treegrpo"]["reward_s"] >= 0 and results["treegrpo"]["total_s"] > 0
+
+
 def test_gpu_sd35_without_a_gpu_says_how_to_run_it(capsys) -> None:
     if gpu_sd35.torch.cuda.is_available():
         pytest.skip("a GPU is visible")
