@@ -9,6 +9,12 @@ Provenance:
   ``sde_step_with_logprob`` in its code), the sampler TreeGRPO trains with.
 - ``flow_sde_step(dynamics="dance_sde")``: DanceGRPO (Xue et al. 2025, arXiv 2505.07818), constant
   diffusion coefficient ``g = eta``; BranchGRPO uses it with ``eta = 0.3``.
+- ``flow_sde_step(dynamics="cps")``: coefficients-preserving sampling (Wang and Yu 2025, arXiv
+  2509.05952; ``sde_type == "cps"`` of Flow-GRPO's ``sde_step_with_logprob``), which Flow-GRPO
+  recommends at a noise level of about 0.8. Its code scores a step with ``-(x' - mean)^2``, the
+  constants *and* the ``1 / (2 std^2)`` left out; here the step is scored with its true Gaussian
+  density like every other, so ratios mean the same across dynamics (a clip range tuned on its
+  code's unscaled score does not carry over).
 - ``ddim_step``: DDPO (Black et al. 2023, ``ddim_step_with_logprob``), i.e. DDIM (Song et al. 2021,
   eq. 12 and 16) with the variance scaled by ``eta``. No ``x0`` clipping or thresholding: SD 1.x
   scheduler configs disable both, and clipping would make the mean non-differentiable.
@@ -27,7 +33,7 @@ from torch import Tensor
 
 from .choices import check_choice
 
-SDEDynamics = Literal["flow_sde", "dance_sde"]
+SDEDynamics = Literal["flow_sde", "dance_sde", "cps"]
 """The stochastic dynamics a flow-matching adapter samples its branching steps with."""
 Dynamics = Literal[SDEDynamics, "ode"]
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -129,6 +135,17 @@ def flow_sde_step(
     - ``"flow_sde"``: ``g = noise_level * sqrt(sigma / (1 - sigma))``; at ``sigma == 1`` the
       ``(1 - sigma)`` is replaced by ``(1 - sigma_next)`` as Flow-GRPO does (else g = inf).
     - ``"dance_sde"``: ``g = noise_level`` (DanceGRPO's eta).
+    - ``"cps"``: coefficients-preserving sampling, which keeps the coefficients of ``x0`` and of
+      the noise those of the marginal at ``sigma_next`` (``1 - sigma_next`` and ``sigma_next``)
+      instead of adding a score correction::
+
+          x0 = x - sigma v,   x1 = x + (1 - sigma) v         (the predicted data and noise)
+          std = sigma_next * sin(noise_level * pi / 2)
+          mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) x1
+
+      so ``mean + std * eps`` has noise coefficient ``sqrt((sigma_next^2 - std^2) + std^2) =
+      sigma_next`` when ``x1`` and ``eps`` are independent unit noises. ``noise_level`` 1 makes
+      the step all fresh noise; 0 the DDIM-like deterministic step.
     - ``"ode"``: Euler step ``mean = x + dt * v``, std 0, log_prob 0 (identical to diffusers'
       ``FlowMatchEulerDiscreteScheduler.step``).
 
@@ -140,8 +157,8 @@ def flow_sde_step(
         velocity: model output ``v``, [B, *S].
         sample: current state ``x``, [B, *S].
         sigma, sigma_next: float, or [B] tensors for a batch mixing timesteps.
-        noise_level: ``a`` of Flow-GRPO (0.7) or ``eta`` of DanceGRPO (0.3).
-        dynamics: ``"flow_sde"``, ``"dance_sde"`` or ``"ode"``.
+        noise_level: ``a`` of Flow-GRPO (0.7), ``eta`` of DanceGRPO (0.3), or CPS's (0.8).
+        dynamics: ``"flow_sde"``, ``"dance_sde"``, ``"cps"`` or ``"ode"``.
         noise: standard normal noise [B, *S] to sample with; drawn from ``generator`` if omitted.
         prev_sample: a recorded next state to score instead of sampling (training).
         generator: RNG for the noise when neither ``noise`` nor ``prev_sample`` is given.
@@ -156,6 +173,12 @@ def flow_sde_step(
         mean = x + dt * v  # [B, *S]
         std = torch.zeros_like(dt)  # [B, 1..]
         return _sample_or_score(mean, std, sample.dtype, noise, prev_sample, generator, stochastic=False)
+    if dynamics == "cps":
+        x0 = x - s * v  # [B, *S] predicted data
+        x1 = x + (1 - s) * v  # [B, *S] predicted noise
+        std = s_next * math.sin(noise_level * math.pi / 2)  # [B, 1..]
+        mean = (1 - s_next) * x0 + torch.sqrt((s_next.square() - std.square()).clamp(min=0)) * x1  # [B, *S]
+        return _sample_or_score(mean, std, sample.dtype, noise, prev_sample, generator, stochastic=True)
     if dynamics == "flow_sde":
         one_minus = torch.where(s == 1, 1 - s_next, 1 - s)  # [B, 1..]
         g = noise_level * torch.sqrt(s / one_minus)  # [B, 1..]

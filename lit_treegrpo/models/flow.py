@@ -18,8 +18,8 @@ class FlowMatchingAdapter(DiffusionAdapter):
     """A :class:`DiffusionAdapter` whose model predicts the flow velocity ``v = eps - x0``.
 
     Deterministic steps are the scheduler's Euler step (so a rollout reproduces the family's diffusers
-    pipeline); stochastic steps use ``dynamics`` ``flow_sde`` (Flow-GRPO, ``noise_level`` 0.7) or
-    ``dance_sde`` (DanceGRPO, 0.3). Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
+    pipeline); stochastic steps use ``dynamics`` ``flow_sde`` (Flow-GRPO, ``noise_level`` 0.7),
+    ``dance_sde`` (DanceGRPO, 0.3) or ``cps`` (coefficients-preserving sampling, about 0.8). Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
     """
 
     noise_level: float
@@ -29,6 +29,11 @@ class FlowMatchingAdapter(DiffusionAdapter):
         check_choice("dynamics", dynamics, SDEDynamics)
         if noise_level <= 0:
             raise ValueError(f"noise_level must be > 0, got {noise_level}")
+        if dynamics == "cps" and noise_level > 1:
+            raise ValueError(
+                f"noise_level must be in (0, 1] with dynamics cps (the step's std is sigma_next * sin(noise_level * pi / 2)), "
+                f"got {noise_level}; Flow-GRPO uses about 0.8"
+            )
         self.noise_level = noise_level
         self.dynamics = dynamics
 

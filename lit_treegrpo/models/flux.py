@@ -57,7 +57,7 @@ class FluxAdapter(FlowMatchingAdapter):
         negative_prompt: the unconditional prompt of true CFG.
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3, what
             BranchGRPO uses on FLUX).
-        dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
+        dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         resolution: image side in pixels, a multiple of 16 for FLUX's VAE; ``None``: 1024
             (FluxPipeline's 128 latent pixels times the VAE factor).
         shift: ``None`` uses the scheduler's own schedule (FLUX.1-dev: the resolution-dependent

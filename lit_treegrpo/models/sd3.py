@@ -30,7 +30,7 @@ class SD3Adapter(FlowMatchingAdapter):
         num_steps: denoising steps (the papers: 10).
         guidance_scale: CFG weight (the papers: 4.5); <= 1 disables CFG.
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
-        dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
+        dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         negative_prompt: unconditional prompt of CFG.
         resolution: image side in pixels; ``None`` uses the transformer's native size.
         use_t5: load and run the T5 encoder; ``False`` feeds zeros in its place.

@@ -255,7 +255,7 @@ class ShapesAdapter(FlowMatchingAdapter):
         num_steps: denoising steps (10, as the papers' SD3.5 setting).
         guidance_scale: CFG weight; <= 1 disables CFG (one forward per step).
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
-        dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
+        dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         negative_prompt: unconditional prompt of CFG (pre-training drops captions to "").
         lora: LoRA settings on the attention projections (rank 16 by default); ``None`` fine-tunes
             the whole transformer. Under RL, full fine-tuning of this small model drifts (the reward

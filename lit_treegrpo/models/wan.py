@@ -96,7 +96,7 @@ class WanAdapter(FlowMatchingAdapter):
         num_steps: denoising steps.
         guidance_scale: CFG weight (Wan's default 5.0); <= 1 disables CFG.
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
-        dynamics: ``flow_sde`` or ``dance_sde`` for the stochastic steps.
+        dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         negative_prompt: unconditional prompt of CFG (Wan recommends a long list of defects).
         height, width: video size in pixels, multiples of 16 (the VAE's 8 times the patch's 2).
         num_frames: frames per video, ``4k + 1`` (the VAE compresses 4 frames into one after the first).

@@ -49,11 +49,13 @@ def test_step_noise_scores_one_stochastic_step_at_a_time_for_any_adapter(tmp_pat
     report = step_noise.main([
         "--out", str(tmp_path), "--adapter", "lit_treegrpo.models.tiny.TinySD3Adapter", "--adapter-kwargs",
         '{"guidance_scale": 1.0}', "--reward", "brightness", "--prompts", "animals", "--val-fraction", "0",
-        "--num-prompts", "2", "--chains", "2", "--steps", "3",
+        "--num-prompts", "2", "--chains", "2", "--steps", "3", "--samplers",
+        '[{"dynamics": "dance_sde", "noise_level": 0.3}, {"dynamics": "flow_sde", "noise_level": 0.7}, '
+        '{"dynamics": "cps", "noise_level": 0.8}]',
     ])  # fmt: skip
     rows = report["rows"]
-    # per sampler: the ODE row, one row per step 0 .. T-2, and all of them together
-    assert [r["step"] for r in rows] == [None, 0, 1, "all"] * 2
+    # per sampler (CPS among them): the ODE row, one row per step 0 .. T-2, and all of them together
+    assert [r["step"] for r in rows] == [None, 0, 1, "all"] * 3
     ode = [r for r in rows if r["step"] is None]
     # the deterministic samples start from the same noises whatever the SDE: equal across samplers
     assert ode[0]["per_prompt"] == ode[1]["per_prompt"]

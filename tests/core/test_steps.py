@@ -186,6 +186,36 @@ def test_dance_sde_hand_derived():
     torch.testing.assert_close(out1.std, torch.tensor([[0.3 * math.sqrt(0.2)]]), atol=1e-7, rtol=0)
 
 
+def test_cps_hand_derived():
+    # sigma = 0.6, sigma_next = 0.4, noise level 0.5 (coefficients-preserving sampling):
+    #   x0 = x - 0.6 v = [0.7, -2.6],  x1 = x + 0.4 v = [1.2, -1.6]
+    #   std = 0.4 sin(pi / 4) = 0.28284271,  sqrt(0.4^2 - std^2) = sqrt(0.08) = 0.28284271
+    #   mean = 0.6 x0 + 0.28284271 x1 = [0.42 + 0.33941125, -1.56 - 0.45254834]
+    #   noise [1, -1]: each element at one std, log N = -0.5 - log(0.28284271) - log(2 pi) / 2 = -0.15607421
+    noise = torch.tensor([[1.0, -1.0]])
+    out = flow_sde_step(V, X, 0.6, 0.4, noise_level=0.5, dynamics="cps", noise=noise)
+    torch.testing.assert_close(out.mean, torch.tensor([[0.75941125, -2.01254834]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.std, torch.tensor([[0.28284271]]), atol=1e-7, rtol=0)
+    torch.testing.assert_close(out.prev_sample, out.mean + 0.28284271 * noise, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.log_prob, torch.tensor([-0.15607421]), atol=1e-6, rtol=0)
+    # a recorded next state is scored, not resampled, with the same density
+    again = flow_sde_step(V, X, 0.6, 0.4, noise_level=0.5, dynamics="cps", prev_sample=out.prev_sample)
+    torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-7, rtol=0)
+
+
+def test_cps_preserves_the_marginal_coefficients():
+    # with the exact velocity of x = (1 - s) x0 + s eps (v = eps - x0), a CPS step lands on
+    # (1 - s') x0 + [sqrt(s'^2 - std^2) eps + std n]: noise of std s', the marginal at s'
+    g = torch.Generator().manual_seed(0)
+    x0, eps = torch.randn(4096, 8, generator=g), torch.randn(4096, 8, generator=g)
+    s, s_next = 0.7, 0.45
+    x = (1 - s) * x0 + s * eps
+    for level in (0.3, 0.8, 1.0):
+        out = flow_sde_step(eps - x0, x, s, s_next, noise_level=level, dynamics="cps", generator=g)
+        residual = out.prev_sample - (1 - s_next) * x0  # [N, 8] the noise part
+        assert abs(residual.std().item() - s_next) < 0.01 * s_next, (level, residual.std().item())
+
+
 def test_ode_hand_derived():
     # mean = x + dt v = [1, -2] - 0.25 [0.5, 1] = [0.875, -2.25]; std 0; prev = mean
     out = flow_sde_step(V, X, 0.5, 0.25, dynamics="ode")
