@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_treegrpo.training.resume import ADAPTER_MEMORY_OPTIONS
+
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "configs" / "methods"
 TASK = REPO / "configs" / "shapes.yaml"
@@ -84,7 +86,12 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     configurations with the same identity train the same run; a cached run whose recorded
     configuration has another identity than the current files is trained again."""
     model = config["model"]
-    adapter = model["adapter"]
+    adapter = dict(model["adapter"])
+    # options that bound memory or speed only (a resume may change them): not what the run trains,
+    # and a cached run recorded before one of them existed is the same run
+    adapter["init_args"] = {
+        k: v for k, v in (adapter.get("init_args") or {}).items() if k not in ADAPTER_MEMORY_OPTIONS
+    }
     tree = dict(model["tree"])
     if tree.get("num_steps") is None:
         tree["num_steps"] = adapter["init_args"]["num_steps"]

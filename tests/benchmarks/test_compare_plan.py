@@ -150,6 +150,14 @@ def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_
     stated, left = json.loads(json.dumps(config)), json.loads(json.dumps(config))
     left["model"]["tree"]["num_steps"] = None
     assert training_identity(stated) == training_identity(left)
+    # options that bound memory or speed only, and runs recorded before one of them existed
+    older, faster = json.loads(json.dumps(config)), json.loads(json.dumps(config))
+    older["model"]["adapter"]["init_args"].pop("compile", None)
+    faster["model"]["adapter"]["init_args"].update(compile=True, gradient_checkpointing=True, decode_batch_size=3)
+    assert training_identity(older) == training_identity(faster) == training_identity(config)
+    changed = json.loads(json.dumps(config))
+    changed["model"]["adapter"]["init_args"]["noise_level"] = 0.5  # what it trains: another run
+    assert training_identity(changed) != training_identity(config)
     # its rate and seed name the run; they are not part of what the files train
     other = resolved_config(RunSpec("treegrpo", 1e-3, 7))
     assert (
