@@ -80,6 +80,7 @@ def test_every_run_config_is_covered() -> None:
         "shapes.yaml",
         "sd15.yaml",
         "sd35.yaml",
+        "sd35_large.yaml",
         "sd35_fsdp.yaml",
         "wan.yaml",
         "tiny_wan.yaml",
