@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .choices import check_choice
 from .compute import Compute
-from .rollout import PredictFn, RolloutTree, StepFn, recompute_log_probs
+from .rollout import Parents, PredictFn, RolloutTree, StepFn, recompute_log_probs
 
 Aggregation = Literal["sum", "mean"]
 KLForm = Literal["exact", "flow_grpo"]
@@ -202,6 +202,7 @@ def edge_loss(
     *,
     reference: Callable[[], AbstractContextManager[Any]] | None = None,
     step_size: Tensor | None = None,
+    parents: Parents | None = None,
 ) -> tuple[LossOutput, Compute]:
     """The loss of the recorded edges ``edges`` [B] (non-empty) under the current policy, and the
     model forwards it took (``Compute.trained``: with grad, ``Compute.reference``: the KL's).
@@ -210,16 +211,17 @@ def edge_loss(
     one forward per distinct parent); with ``loss_fn.kl_beta > 0`` the reference means are
     recomputed without grad inside ``reference()`` (e.g. the model with LoRA disabled), and their
     forwards count too. ``advantages`` [E] are the whole tree's; ``step_size`` [B] is ``|dt|`` of each
-    edge's step, for ``kl_form="flow_grpo"``.
+    edge's step, for ``kl_form="flow_grpo"``; ``parents``: the edges' distinct sources, found ahead
+    (:func:`~lit_treegrpo.core.rollout.distinct_sources`).
     """
-    new = recompute_log_probs(predict, step, tree, edges, cond)
+    new = recompute_log_probs(predict, step, tree, edges, cond, parents)
     ref_mean = None
     reference_forwards = 0
     if loss_fn.kl_beta > 0:
         if reference is None:
             raise ValueError("kl_beta > 0 needs the reference model: pass reference=")
         with torch.no_grad(), reference():
-            ref = recompute_log_probs(predict, step, tree, edges, cond)
+            ref = recompute_log_probs(predict, step, tree, edges, cond, parents)
         ref_mean = ref.step.mean  # [B, *S]
         reference_forwards = ref.num_forwards  # the reference's forwards are model evaluations too
     out = loss_fn(

@@ -251,6 +251,36 @@ def rollout(
     )
 
 
+class Parents(NamedTuple):
+    """The distinct sources (parents) of a micro-batch of edges, as ``torch.unique`` with
+    ``return_inverse`` gives them (ascending), found ahead of the training pass."""
+
+    sources: Tensor  # [U] long, ascending source indices
+    group: Tensor  # [B] long, each edge's position in ``sources``
+
+
+def distinct_sources(tree: RolloutTree, batches: Sequence[Tensor]) -> list[Parents]:
+    """:class:`Parents` of every micro-batch of edges in ``batches`` with one host read for all of
+    them (how many parents each has), so that the training pass that follows never waits on the
+    device to size a forward (``torch.unique`` does, once per call, on an accelerator)."""
+    ranked: list[tuple[Tensor, Tensor, Tensor]] = []
+    counts = []
+    for edges in batches:
+        src = tree.edge_source[edges]  # [B]
+        ordered, order = torch.sort(src, stable=True)  # [B]
+        first = torch.ones_like(ordered, dtype=torch.bool)
+        first[1:] = ordered[1:] != ordered[:-1]  # [B] the first edge of each parent, in id order
+        ranked.append((ordered, order, first))
+        counts.append(first.sum())
+    sizes = torch.stack(counts).tolist() if counts else []  # the one host read
+    out = []
+    for (ordered, order, first), size in zip(ranked, sizes):
+        group = torch.empty_like(order).scatter_(0, order, torch.cumsum(first.long(), 0) - 1)  # [B]
+        sources = ordered[torch.nonzero_static(first, size=int(size)).squeeze(1)]  # [U]
+        out.append(Parents(sources, group))
+    return out
+
+
 class EdgeLogProbs(NamedTuple):
     """Log-probs of a minibatch of edges recomputed by the current policy (with grad)."""
 
@@ -260,15 +290,18 @@ class EdgeLogProbs(NamedTuple):
 
 
 def recompute_log_probs(
-    predict: PredictFn, step: StepFn, tree: RolloutTree, edge_ids: Tensor, cond: Any
+    predict: PredictFn, step: StepFn, tree: RolloutTree, edge_ids: Tensor, cond: Any, parents: Parents | None = None
 ) -> EdgeLogProbs:
     """Re-evaluate the recorded transitions ``edge_ids`` [B] under the current model.
 
     One ``predict`` call over the distinct sources of the requested edges (a parent with k
     children in the minibatch costs one forward, not k); ``predict`` gets a [U] step-index tensor.
+    ``parents``: those sources, found ahead (:func:`distinct_sources`; else ``torch.unique`` here).
     Runs with whatever grad mode the caller is in.
     """
-    sources, group = torch.unique(tree.edge_source[edge_ids], return_inverse=True)  # [U], [B]
+    if parents is None:
+        parents = Parents(*torch.unique(tree.edge_source[edge_ids], return_inverse=True))
+    sources, group = parents  # [U], [B]
     x = tree.source_x[sources]  # [U, *S]
     steps = tree.source_step[sources]  # [U]
     model_output = predict(x, steps, index_cond(cond, tree.source_prompt[sources]))  # [U, *S]
@@ -350,9 +383,11 @@ def num_parents(tree: RolloutTree, edges: Tensor) -> int:
 
 __all__ = [
     "EdgeLogProbs",
+    "Parents",
     "PredictFn",
     "RolloutTree",
     "StepFn",
+    "distinct_sources",
     "index_cond",
     "num_parents",
     "recompute_log_probs",

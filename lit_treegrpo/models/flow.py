@@ -19,7 +19,8 @@ class FlowMatchingAdapter(DiffusionAdapter):
 
     Deterministic steps are the scheduler's Euler step (so a rollout reproduces the family's diffusers
     pipeline); stochastic steps use ``dynamics`` ``flow_sde`` (Flow-GRPO, ``noise_level`` 0.7),
-    ``dance_sde`` (DanceGRPO, 0.3) or ``cps`` (coefficients-preserving sampling, about 0.8). Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
+    ``dance_sde`` (DanceGRPO, 0.3) or ``cps`` (coefficients-preserving sampling, about 0.8).
+    Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
     """
 
     noise_level: float

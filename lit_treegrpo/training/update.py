@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..core.compute import Compute
 from ..core.loss import LossOutput, edge_loss
-from ..core.rollout import RolloutTree, num_parents, source_minibatches, split_by_parent
+from ..core.rollout import Parents, RolloutTree, distinct_sources, num_parents, source_minibatches, split_by_parent
 from ..core.seeding import generator
 from ..models.base import Cond
 from .health import grad_norm
@@ -75,14 +75,15 @@ class PolicyUpdate:
         norms: list[Tensor] = []  # the gradient norm before clipping, per optimizer step
         for _ in range(self.inner_epochs):
             batches = source_minibatches(tree, keep, num_batches=num_updates * self.accumulate, generator=shuffle)
-            chunks = self._forwards_per_micro_batch(tree, batches)
+            parents = distinct_sources(tree, batches)  # sized on the host once, not per forward
+            chunks = self._forwards_per_micro_batch(parents)
             for i, edges in enumerate(batches):
                 last = (i + 1) % self.accumulate == 0
                 if chunks[i] > 1:
                     loss, stats, n = self._split_backward(optimizer, tree, cond, advantages, edges, chunks[i], last)
                 else:
                     with optimizer.toggle_model(sync_grad=last):
-                        loss, stats, n = self._edge_loss(tree, cond, advantages, edges)
+                        loss, stats, n = self._edge_loss(tree, cond, advantages, edges, parents[i])
                         self.manual_backward(loss / self.accumulate)
                 # backpropagated even when it is not finite: every rank must run the same
                 # backward passes; the optimizer step below is what the check refuses
@@ -114,13 +115,13 @@ class PolicyUpdate:
         mean_norm = torch.stack(norms).mean() if norms else None
         return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm)
 
-    def _forwards_per_micro_batch(self, tree: RolloutTree, batches: list[Tensor]) -> list[int]:
+    def _forwards_per_micro_batch(self, batch_parents: list[Parents]) -> list[int]:
         """How many forwards each micro-batch runs as (the training guard's split: one each while
         they fit), the most any data-parallel rank needs, so that every rank runs the same forwards
         and backward passes (a sharded model gathers its weights in each)."""
         if not self.training_guard.active:
-            return [1] * len(batches)
-        parents = [num_parents(tree, edges) for edges in batches]
+            return [1] * len(batch_parents)
+        parents = [p.sources.shape[0] for p in batch_parents]
         chunks = self.training_guard.chunks(parents)
         if self.trainer.world_size > 1:
             most = self.trainer.strategy.reduce(torch.tensor(chunks, device=self.device), reduce_op="max")
@@ -175,11 +176,12 @@ class PolicyUpdate:
         return max(1, math.ceil(per_rank / self.edges_per_update))
 
     def _edge_loss(
-        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor
+        self, tree: RolloutTree, cond: Cond, advantages: Tensor, edges: Tensor, parents: Parents | None = None
     ) -> tuple[Tensor, LossOutput, Compute]:
         """Loss of one micro-batch of edges, its detached statistics and its counted forwards (a
         zero loss on the parameters if it is empty, so every data-parallel rank runs the same
-        backward passes)."""
+        backward passes). ``parents``: its distinct sources, found ahead for the whole epoch
+        (:func:`~lit_treegrpo.core.rollout.distinct_sources`); ``None`` finds them here."""
         if edges.numel() == 0:
             zero = sum(p.sum() for p in self.adapter.trainable_parameters()) * 0.0
             return zero, LossOutput(*(torch.zeros((), device=zero.device) for _ in LossOutput._fields)), Compute()
@@ -198,5 +200,6 @@ class PolicyUpdate:
             advantages,
             reference=self.adapter.reference if kl else None,
             step_size=step_size,
+            parents=parents,
         )
         return out.loss, LossOutput(*(value.detach() for value in out)), forwards

@@ -9,6 +9,7 @@ import torch
 
 from lit_treegrpo.core.rollout import (
     RolloutTree,
+    distinct_sources,
     index_cond,
     num_parents,
     recompute_log_probs,
@@ -235,6 +236,23 @@ def test_source_minibatches_partition_kept_edges_by_whole_parents() -> None:
         source_minibatches(tree, keep, 0)
     with pytest.raises(ValueError, match="exactly one"):
         source_minibatches(tree, keep, 3, num_batches=2)
+
+
+def test_distinct_sources_are_what_unique_gives_and_recompute_the_same() -> None:
+    spec = TreeSpec(8, branch_steps=(0, 1, 2), branching=2, sde_steps=(4,))
+    tree, model, cond, _ = grow(spec)
+    keep = torch.rand(tree.num_edges, generator=torch.Generator().manual_seed(0)) > 0.3
+    batches = source_minibatches(tree, keep, num_batches=4, generator=torch.Generator().manual_seed(1))
+    batches.append(torch.empty(0, dtype=torch.long))  # an empty micro-batch (another rank's share)
+    found = distinct_sources(tree, batches)
+    for edges, parents in zip(batches, found):
+        sources, group = torch.unique(tree.edge_source[edges], return_inverse=True)
+        assert torch.equal(parents.sources, sources) and torch.equal(parents.group, group)
+    edges = batches[0]
+    ahead = recompute_log_probs(model.predict, model.step, tree, edges, cond, found[0])
+    here = recompute_log_probs(model.predict, model.step, tree, edges, cond)
+    assert torch.equal(ahead.step.log_prob, here.step.log_prob) and ahead.num_forwards == here.num_forwards
+    assert distinct_sources(tree, []) == []
 
 
 @pytest.mark.parametrize("num_batches", [1, 3, 7, 40])
