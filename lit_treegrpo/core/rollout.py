@@ -90,6 +90,7 @@ class RolloutTree:
     num_prompts: int
     nfe: int  # model evaluations (batch elements, CFG doubling excluded)
     num_model_calls: int  # predict() invocations
+    edge_log_prob_graph: Tensor | None = None  # [E] float32 with grad (rollout(grad_stochastic=True)), else None
 
     @property
     def num_edges(self) -> int:
@@ -122,6 +123,12 @@ def _chunked_predict(predict: PredictFn, x: Tensor, step_index: int, cond: Any, 
         rows = torch.arange(lo, min(lo + max_batch, n), device=x.device)
         outs.append(predict(x[lo : lo + max_batch], step_index, index_cond(cond, rows)))
     return torch.cat(outs), len(outs)
+
+
+def _cat_with_grad(parts: list[Tensor], device: torch.device) -> Tensor:
+    """``torch.cat`` that keeps the parts' graphs (the rollout itself runs under no_grad)."""
+    with torch.enable_grad():
+        return torch.cat(parts) if parts else torch.empty(0, device=device)
 
 
 def _step_noise(
@@ -158,6 +165,7 @@ def rollout(
     *,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     max_batch: int = 64,
+    grad_stochastic: bool = False,
 ) -> RolloutTree:
     """Grow ``spec``'s tree for every prompt of ``cond`` from the root ``noise``.
 
@@ -171,6 +179,11 @@ def rollout(
             (P of them), or ``None`` for the global RNG.
         max_batch: most nodes per model call (``RolloutLimits.max_batch``); a larger frontier
             is chunked, which bounds activation memory and leaves the tree unchanged.
+        grad_stochastic: run the forwards of the stochastic steps with grad and keep each edge's
+            log-prob with its graph (``edge_log_prob_graph``), so that the update can train on
+            the rollout's own forwards instead of recomputing them; the states stay detached (as
+            recomputation sees them), and the activations of those forwards are held until the
+            backward. Deterministic steps run without grad either way.
     """
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -191,10 +204,12 @@ def rollout(
 
     sources_x, sources_step, sources_prompt = [], [], []
     edges_source, edges_parent, edges_depth, edges_x_next, edges_lp = [], [], [], [], []
+    edges_graph: list[Tensor] = []  # [n * k] log-probs with grad, per stochastic step
     num_sources = num_edges = nfe = calls = 0
     for t in range(spec.num_steps):
         n = x.shape[0]
-        model_output, c = _chunked_predict(predict, x, t, node_cond, max_batch)  # [N, *S]
+        with torch.set_grad_enabled(grad_stochastic and spec.is_stochastic(t)):
+            model_output, c = _chunked_predict(predict, x, t, node_cond, max_batch)  # [N, *S]
         nfe += n
         calls += c
         if not spec.is_stochastic(t):
@@ -207,11 +222,16 @@ def rollout(
         source_ids = torch.arange(num_sources, num_sources + n, device=device)  # [N]
         num_sources += n
         if k > 1:
-            model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
+            with torch.set_grad_enabled(grad_stochastic):  # the rollout runs under no_grad otherwise
+                model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
             x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
         rows_per_prompt = spec.nodes_at(t) * k  # frontier rows of each prompt, contiguous
         eps = _step_noise(x.shape, rows_per_prompt, generator, device)  # [N*k, *S] float32
-        out = step(model_output, x, t, stochastic=True, noise=eps)
+        with torch.set_grad_enabled(grad_stochastic):
+            out = step(model_output, x, t, stochastic=True, noise=eps)
+        if grad_stochastic:
+            edges_graph.append(out.log_prob.float())
+            out = out._replace(prev_sample=out.prev_sample.detach(), log_prob=out.log_prob.detach())
         edge_ids = torch.arange(num_edges, num_edges + n * k, device=device)  # [N*k]
         num_edges += n * k
         edges_source.append(source_ids.repeat_interleave(k))
@@ -248,6 +268,7 @@ def rollout(
         num_prompts=P,
         nfe=nfe,
         num_model_calls=calls,
+        edge_log_prob_graph=_cat_with_grad(edges_graph, device) if grad_stochastic else None,
     )
 
 

@@ -106,7 +106,9 @@ def _sample_or_score(
             noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         # Cast to the state dtype *before* scoring, so that the log-prob recorded at sampling time
         # is the one training recomputes from the stored sample: ratio == 1 on the first pass.
-        prev_sample = (mean + std * noise.float()).to(out_dtype)  # [B, *S]
+        # Detached: a draw is scored as a given sample (Flow-GRPO's ``prev_sample.detach()``), so
+        # a log-prob sampled with grad has the score's gradient through the mean, not 0.
+        prev_sample = (mean + std * noise.float()).to(out_dtype).detach()  # [B, *S]
     log_prob = gaussian_log_prob(prev_sample, mean, std)  # [B]
     return StepOutput(prev_sample, log_prob, mean, std.expand((mean.shape[0],) + std.shape[1:]))
 

@@ -361,6 +361,13 @@ class DiffusionAdapter(nn.Module, ABC):
         )
         return idx
 
+    def encoding_key(self) -> tuple[Any, ...]:
+        """What besides a prompt decides its conditioning (the prompt cache's key: a change of any
+        empties it): the class, the text encoders, the negative prompt and whether CFG uses it,
+        and the token limit where the family has one."""
+        encoders = tuple((name, id(m)) for name, m in self.named_children() if name.startswith("text_encoder"))
+        return (type(self).__name__, encoders, self.negative_prompt, self.do_cfg, vars(self).get("max_sequence_length"))
+
     # ------------------------------------------------------------------------ the contract
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -66,7 +66,8 @@ class FluxAdapter(FlowMatchingAdapter):
         max_sequence_length: T5 tokens (FluxPipeline's default 512; -schnell allows 256).
         lora: LoRA settings on the attention of the double- and single-stream blocks (``None``:
             fine-tune the whole transformer).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
+            is cast to it too).
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.

@@ -38,7 +38,8 @@ class SD15Adapter(DiffusionAdapter):
         negative_prompt: unconditional prompt of CFG.
         resolution: image side in pixels; ``None`` uses the UNet's native size.
         lora: LoRA settings (``None``: fine-tune the whole UNet).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
+            is cast to it too).
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.

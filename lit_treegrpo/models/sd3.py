@@ -36,7 +36,8 @@ class SD3Adapter(FlowMatchingAdapter):
         use_t5: load and run the T5 encoder; ``False`` feeds zeros in its place.
         max_sequence_length: T5 tokens (Flow-GRPO uses 128; diffusers' default 256).
         lora: LoRA settings (``None``: fine-tune the whole transformer).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
+            is cast to it too).
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.

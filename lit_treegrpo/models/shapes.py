@@ -260,7 +260,8 @@ class ShapesAdapter(FlowMatchingAdapter):
         lora: LoRA settings on the attention projections (rank 16 by default); ``None`` fine-tunes
             the whole transformer. Under RL, full fine-tuning of this small model drifts (the reward
             rises, then falls) at the learning rates that move it within minutes; the LoRA does not.
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
+            is cast to it too).
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: unused (pixels need no decoder); kept for the adapter interface.
         compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep

@@ -77,6 +77,8 @@ class TreeGrowth:
             noise,
             generator=generators,
             max_batch=self.rollout_limits.max_batch,
+            # the training step's tree keeps its stochastic forwards' graphs to train on them
+            grad_stochastic=guard and self.reuse_rollout_forward,
         )
         _lap(timer, "rollout")
 

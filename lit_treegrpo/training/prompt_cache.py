@@ -6,7 +6,7 @@ Why: a training iteration re-encodes its batch's prompts, and the text encoders 
 accelerator through the run; FLUX.1's T5 and Wan's UMT5 are 4.7-5.7B parameters, which is memory
 the denoiser's activations could use (DanceGRPO precomputes embeddings in a preprocessing script,
 Flow-Factory keeps a fingerprinted cache and offloads the encoders). Here the cache is keyed by the
-prompt and by what else changes its embedding (:func:`encoding_key`: the adapter's class, its text
+prompt and by what else changes its embedding (the adapter's ``encoding_key``: its class, its text
 encoders, the negative prompt and whether it uses one, the sequence length), and a cached row is
 the row the encoder gave for that prompt. Every encoder call, with the cache or without, takes the
 same number of prompts (``encode_batch``), so that a prompt's row does not depend on the prompts
@@ -66,18 +66,6 @@ def text_encoders(adapter: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in adapter.named_children() if name.startswith("text_encoder") and m is not None]
 
 
-def encoding_key(adapter: Any) -> tuple[Any, ...]:
-    """What besides the prompt decides its embedding: a change of any of these empties the cache."""
-    return (
-        type(adapter).__name__,
-        tuple((name, id(m)) for name, m in text_encoders(adapter)),
-        getattr(adapter, "negative_prompt", None),
-        bool(getattr(adapter, "do_cfg", False)),
-        getattr(adapter, "max_sequence_length", None),
-        getattr(adapter, "use_t5", None),
-    )
-
-
 class PromptCache:
     """An LRU of per-prompt embedding rows in front of ``adapter.encode_prompts``."""
 
@@ -98,7 +86,7 @@ class PromptCache:
         encoded in calls of ``encode_batch`` prompts."""
         if self.settings.size == 0:
             return self._encode(adapter, prompts)
-        key = encoding_key(adapter)
+        key = adapter.encoding_key()
         if key != self._key:
             self._rows.clear()
             self._key = key

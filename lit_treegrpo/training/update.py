@@ -28,7 +28,7 @@ from ..core.rollout import Parents, RolloutTree, distinct_sources, num_parents, 
 from ..core.seeding import generator
 from ..models.base import Cond
 from .health import grad_norm
-from .step_log import Update
+from .step_log import NO_UPDATE, Update
 
 #: loss statistics that combine over micro-batches by their maximum (the others: by their mean)
 BY_MAX = frozenset({"ratio_dev_max"})
@@ -64,6 +64,8 @@ class PolicyUpdate:
         them (a micro-batch too large for memory runs as several forwards: :attr:`training_guard`);
         a step whose loss or gradient is not finite is refused through the fault ledger."""
         optimizer = self.optimizers()
+        if tree.edge_log_prob_graph is not None:
+            return self._update_on_rollout_forward(optimizer, tree, advantages, keep)
         shuffle = generator(self.seed, self.iteration, first_position + 1)
         totals: list[Any] = [0.0] * len(LossOutput._fields)
         micro = steps = 0
@@ -114,6 +116,38 @@ class PolicyUpdate:
         means = (total if name in BY_MAX else total / max(micro, 1) for name, total in zip(LossOutput._fields, totals))
         mean_norm = torch.stack(norms).mean() if norms else None
         return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm)
+
+    def _update_on_rollout_forward(self, optimizer: Any, tree: RolloutTree, advantages: Tensor, keep: Tensor) -> Update:
+        """``reuse_rollout_forward``: one update on the kept edges' log-probs as the rollout
+        computed them, with their graphs (no second forward). Exactly the recomputing path's
+        update with one minibatch and one inner epoch: the weights have not moved since sampling,
+        so the recomputed log-probs would be these (ratio 1)."""
+        (edges,) = source_minibatches(tree, keep, num_batches=1)  # [K] the kept edges, by parent
+        if edges.numel() == 0:
+            return NO_UPDATE
+        (parents,) = distinct_sources(tree, [edges])
+        new_log_prob = tree.edge_log_prob_graph[edges]  # [K] with grad
+        out = self.loss_fn(new_log_prob, tree.edge_old_log_prob[edges], advantages[edges], group=parents.group)
+        self.manual_backward(out.loss)
+        stats = LossOutput(*(value.detach() for value in out))
+        norm = grad_norm(self.adapter.trainable_parameters())
+        if self.grad_clip is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+        problem = step_problem([stats.loss], norm, self.iteration, 0)
+        steps, fault = 0, None
+        if self._any_rank(problem is not None):
+            fault = self.fault_ledger.refuse_update(problem, self.iteration)
+        else:
+            optimizer.step()
+            steps = 1
+        optimizer.zero_grad(set_to_none=True)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None and steps:
+            scheduler.step()
+        # counted as the recomputing path counts them (a trained forward per parent, its backward
+        # included), so compute units compare across the two; the forward itself was the rollout's
+        trained = Compute(trained=int(parents.sources.shape[0]))
+        return Update(stats, trained, steps, fault, stats.ratio_dev_max, norm)
 
     def _forwards_per_micro_batch(self, batch_parents: list[Parents]) -> list[int]:
         """How many forwards each micro-batch runs as (the training guard's split: one each while

@@ -221,8 +221,7 @@ def test_shard_wraps_every_transformer_block_and_keeps_the_output(tmp_path: Path
 
 
 def test_bf16_rollout_and_recompute_are_finite_with_float32_lora_masters() -> None:
-    pipe = tiny_wan_pipeline(0).to(torch.bfloat16)
-    adapter = WanAdapter(pipe, **OPTIONS)
+    adapter = WanAdapter(tiny_wan_pipeline(0), **OPTIONS, torch_dtype="bfloat16")  # casts the built pipeline
     assert adapter.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())
     cond = adapter.encode_prompts(PROMPTS)
