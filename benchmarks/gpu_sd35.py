@@ -65,7 +65,7 @@ from lit_treegrpo.models.base import Cond
 from lit_treegrpo.models.flow import FlowMatchingAdapter
 from lit_treegrpo.models.lora import SD3_LORA_TARGETS, LoraSettings
 from lit_treegrpo.models.sd3 import sd3_transformer_forward
-from lit_treegrpo.training.module import fused_on_cuda
+from lit_treegrpo.training.accelerator import fused_on_cuda
 from lit_treegrpo.training.prompt_cache import PromptCache, PromptCacheSettings
 
 SD35_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium, transformer/config.json

@@ -6,13 +6,16 @@ and what the ``TreeView`` callback draws, one code path for both, so that the pi
 tree a step of the run would grow from the same noise; :meth:`~TreeGrowth.advantages` is the
 extension point for an advantage estimator of one's own (docs/extending.md).
 
-It reads the module's options (``tree``, ``seed``, ``advantage``, ``rollout_limits``) and state
-(``adapter``, ``iteration``, ``fault_ledger``), its reward (``_score``), the iteration's pruning
-(``pruning_at``) and the memory guard (``_guard_memory``).
+It reads the module's options (``tree``, ``seed``, ``advantage``, ``rollout_limits``,
+``reuse_rollout_forward``) and state (``adapter``, ``iteration``, ``fault_ledger``,
+``prompt_cache``, ``_warned_nothing_kept``), its reward (``_score``), the iteration's pruning
+(``pruning_at``) and the memory guard (``_guard_memory``). :meth:`~TreeGrowth.encode` (through the
+prompt cache) serves validation too.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -23,7 +26,7 @@ from ..core.pruning import PruningConfig, prune
 from ..core.rollout import RolloutTree, rollout, root_noise
 from ..core.spec import TreeSpec
 from ..models.base import Cond
-from .faults import Scored, Screened
+from .faults import Scored, Screened, StepPlan
 from .step_log import PhaseTimer
 
 
@@ -93,6 +96,21 @@ class TreeGrowth:
         keep = prune(tree, advantages, pruning) & ~screened.dropped[tree.edge_prompt]  # [E]
         _lap(timer, "advantages")
         return GrownTree(spec, cond, tree, leaf_prompts, images, scored, screened, advantages, pruning, keep)
+
+    def encode(self, prompts: list[str]) -> Cond:
+        """The text conditioning of ``prompts`` (P rows), through the prompt cache."""
+        return self.prompt_cache.encode(self.adapter, prompts)
+
+    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
+        """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
+        if plan.kept or plan.faulty or self._warned_nothing_kept:
+            return
+        self._warned_nothing_kept = True
+        message = (
+            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
+            f"nothing ({pruning}); check the PruningSchedule callback's options (warned once)"
+        )
+        warnings.warn(message, UserWarning, stacklevel=3)
 
     def advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
         """[E] one advantage per recorded edge of ``tree`` from its leaves' rewards [L] (finite):

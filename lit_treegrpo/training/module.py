@@ -24,7 +24,6 @@ the first batch, :class:`~lit_treegrpo.training.memory_guard.RolloutGuard` refus
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from typing import Any
@@ -45,9 +44,10 @@ from ..data.prompt_stream import PromptBatch
 from ..models.base import Cond, DiffusionAdapter
 from ..models.flow import FlowMatchingAdapter
 from ..rewards import RewardModel, build_rewards
+from .accelerator import compute_dtype, fused_on_cuda
 from .checkpoint_state import CheckpointState
 from .evaluation import Evaluation
-from .faults import FaultLedger, FaultPolicy, StepPlan
+from .faults import FaultLedger, FaultPolicy
 from .growth import TreeGrowth
 from .health import HealthChecks
 from .memory_guard import MemoryGuard, RolloutGuard, TrainingGuard
@@ -56,54 +56,10 @@ from .resume import (
     ConfiguredOptimizer,
     reward_record,
 )
-from .settings import AdvantageSettings, check_settings
+from .settings import AdvantageSettings, check_reuse, check_settings
 from .sharding import Sharding
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 from .update import PolicyUpdate
-
-
-def fused_on_cuda(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
-    """``optimizer`` rebuilt with ``fused=True`` when it is an Adam or AdamW left at the default
-    implementation (neither ``fused`` nor ``foreach`` chosen) and the parameters live on CUDA: one
-    kernel for all parameters instead of a loop over them, and step counters kept on the device, so
-    the step reads nothing back from it. Otherwise (the CPU, a choice made in the config, another
-    optimizer) ``optimizer`` itself."""
-    if device.type != "cuda" or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
-        return optimizer
-    chosen = optimizer.defaults
-    if chosen.get("fused") is not None or chosen.get("foreach") is not None or chosen.get("differentiable"):
-        return optimizer
-    accepted = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more
-    options = {k: v for k, v in chosen.items() if k in accepted and k != "params"}
-    groups = [{k: v for k, v in group.items() if k != "fused"} for group in optimizer.param_groups]
-    return type(optimizer)(groups, **{**options, "fused": True})
-
-
-def check_reuse(
-    *,
-    minibatches: int,
-    inner_epochs: int,
-    accumulate: int,
-    edges_per_update: int | None,
-    kl_beta: float,
-    max_train_parents: int | None,
-) -> None:
-    """``reuse_rollout_forward`` is exact only where the update sees the weights that sampled:
-    one optimizer step over every kept edge in one forward, no reference model."""
-    wrong = [
-        (minibatches != 1, f"--model.minibatches {minibatches} (needs 1)"),
-        (inner_epochs != 1, f"--model.inner_epochs {inner_epochs} (needs 1)"),
-        (accumulate != 1, f"--model.accumulate {accumulate} (needs 1)"),
-        (edges_per_update is not None, f"--model.edges_per_update {edges_per_update} (needs null)"),
-        (kl_beta != 0, f"--model.loss.init_args.kl_beta {kl_beta} (needs 0: the KL's reference forwards)"),
-        (max_train_parents is not None, f"--model.memory_guard.max_train_parents {max_train_parents} (needs null)"),
-    ]
-    problems = [text for bad, text in wrong if bad]
-    if problems:
-        raise ValueError(
-            "--model.reuse_rollout_forward true trains on the rollout's forwards, exact only for one update at the "
-            f"sampling weights: {', '.join(problems)}; or set it to false"
-        )
 
 
 class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Sharding, LightningModule):
@@ -157,17 +113,10 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
             forwards, scored images) into compute units (``compute/*`` metrics; see
             :mod:`lit_treegrpo.core.compute`): a trained forward with its backward is 3 sampling
             forwards by default.
-        reuse_rollout_forward: train on the rollout's own forwards of the stochastic steps (kept
-            with their graphs) instead of recomputing them: exact with one minibatch, one inner
-            epoch, no accumulation and no KL reference (refused otherwise), and it saves one
-            forward per trained parent (5-6% of an iteration on the main job), at the cost of
-            holding those forwards' activations from the rollout to the update, what one
-            micro-batch of every kept parent would hold (the memory guard does not split it).
-            One process only.
-        prompt_cache: keep each distinct prompt's embedding (an LRU of ``size`` prompts, on the
-            device or the CPU), optionally encode every prompt of the data at the start of a fit and
-            move the text encoders to the CPU (:mod:`~lit_treegrpo.training.prompt_cache`); off by
-            default.
+        reuse_rollout_forward: train on the rollout's own forwards of the stochastic steps instead
+            of recomputing them (one forward per trained parent saved; where it is exact only:
+            :func:`~lit_treegrpo.training.settings.check_reuse`; docs/configs.md, "For a GPU").
+        prompt_cache: each distinct prompt encoded once (:mod:`~lit_treegrpo.training.prompt_cache`).
         health: the on-policy check: the largest ``|ratio - 1|`` of each iteration's first
             micro-batch, before any update, is logged (``health/ratio_dev_at_start``) and warned
             about above ``ratio_tolerance`` (default by dtype; :mod:`~lit_treegrpo.training.health`).
@@ -371,36 +320,17 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         stochastic = [t for t in range(spec.num_steps) if spec.is_stochastic(t)]
         return owners[0].pruning_at(self.iteration, stochastic, self.seed)
 
-    def _compute_dtype(self) -> torch.dtype:
-        """The dtype the denoiser computes in: the autocast's under ``--trainer.precision``
-        ``bf16-mixed`` / ``16-mixed`` (or ``-true``), else its weights'."""
-        precision = str(getattr(self._trainer, "precision", "") or "")
-        if precision.startswith("bf16"):
-            return torch.bfloat16
-        if precision.startswith("16"):
-            return torch.float16
-        return self.adapter.dtype
-
     def _check_on_policy(self, update: Update) -> None:
         """Warn (once) when the first micro-batch's ratios, before any update, were not 1 (one
         host read per iteration, after the updates)."""
         if update.ratio_dev_at_start is None or self._warned_off_policy:
             return
-        message = self.health.off_policy(float(update.ratio_dev_at_start), self._compute_dtype(), self.iteration)
+        message = self.health.off_policy(
+            float(update.ratio_dev_at_start), compute_dtype(self._trainer, self.adapter.dtype), self.iteration
+        )
         if message is not None:
             self._warned_off_policy = True
             warnings.warn(message, UserWarning, stacklevel=2)
-
-    def _warn_if_nothing_kept(self, plan: StepPlan, tree: RolloutTree, pruning: PruningConfig) -> None:
-        """Warn (once) when pruning, not a fault, left nothing to train on any rank."""
-        if plan.kept or plan.faulty or self._warned_nothing_kept:
-            return
-        self._warned_nothing_kept = True
-        message = (
-            f"iteration {self.iteration}: pruning kept none of the {tree.num_edges} edges, so this step trains "
-            f"nothing ({pruning}); check the PruningSchedule callback's options (warned once)"
-        )
-        warnings.warn(message, UserWarning, stacklevel=3)
 
     def _log_step(
         self,
@@ -480,14 +410,12 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         return max(self.trainer.num_devices, 1)
 
     # ------------------------------------------------------------------------ fit start
-    def encode(self, prompts: list[str]) -> Cond:
-        """The text conditioning of ``prompts`` (P rows), through the prompt cache."""
-        return self.prompt_cache.encode(self.adapter, prompts)
-
     def on_fit_start(self) -> None:
         self._sync_data_stream()
-        self._check_reuse_processes()
-        self._pre_encode()
+        if self.reuse_rollout_forward:
+            check_reuse(processes=self.trainer.world_size)
+        if self.prompt_cache.settings.pre_encode:
+            self.prompt_cache.pre_encode_data(self.adapter, self._datamodule())
         spec = self.tree.at(self.iteration, self.seed)
         self.rollout_guard.before_data(
             self.adapter, self._datamodule(), spec, processes=self._node_processes(), any_rank=self._any_rank
@@ -502,24 +430,6 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
                 processes=self._node_processes(),
                 any_rank=self._any_rank,
             )
-
-    def _check_reuse_processes(self) -> None:
-        if self.reuse_rollout_forward and self.trainer.world_size > 1:
-            raise ValueError(
-                f"--model.reuse_rollout_forward true trains in one process only (this fit has {self.trainer.world_size}); "
-                "set it to false"
-            )
-
-    def _pre_encode(self) -> None:
-        """``prompt_cache.pre_encode``: every training and validation prompt of the datamodule."""
-        if not self.prompt_cache.settings.pre_encode:
-            return
-        datamodule = self._datamodule()
-        sets = [getattr(datamodule, name, None) for name in ("train_set", "val_set")]
-        prompts = [p for s in sets if s is not None for p in s.prompts]
-        if not prompts:
-            raise ValueError("prompt_cache.pre_encode: the datamodule has no prompts to encode (train_set / val_set)")
-        self.prompt_cache.pre_encode(self.adapter, prompts)
 
     def _datamodule(self) -> Any:
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

@@ -125,6 +125,14 @@ class PromptCache:
             for _, module in self._offloaded:
                 module.to("cpu")
 
+    def pre_encode_data(self, adapter: Any, datamodule: Any) -> None:
+        """:meth:`pre_encode` every training and validation prompt of ``datamodule``."""
+        sets = [getattr(datamodule, name, None) for name in ("train_set", "val_set")]
+        prompts = [p for s in sets if s is not None for p in s.prompts]
+        if not prompts:
+            raise ValueError("prompt_cache.pre_encode: the datamodule has no prompts to encode (train_set / val_set)")
+        self.pre_encode(adapter, prompts)
+
     def _encode(self, adapter: Any, prompts: list[str]) -> Cond:
         """``adapter.encode_prompts`` in calls of exactly ``encode_batch`` prompts, cut back to ``prompts``."""
         n = self.settings.encode_batch

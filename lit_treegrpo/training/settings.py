@@ -80,3 +80,34 @@ def check_settings(
                 f"{prefix}edges_per_update={edges_per_update} sets the number of optimizer steps from "
                 f"the kept edges, so minibatches={minibatches} would be ignored; keep minibatches 1"
             )
+
+
+def check_reuse(
+    *,
+    minibatches: int = 1,
+    inner_epochs: int = 1,
+    accumulate: int = 1,
+    edges_per_update: int | None = None,
+    kl_beta: float = 0.0,
+    max_train_parents: int | None = None,
+    processes: int = 1,
+) -> None:
+    """``reuse_rollout_forward`` (training on the rollout's own forwards) is exact only where the
+    update sees the weights that sampled: one optimizer step over every kept edge in one forward,
+    no reference model; and it is built for one process (the module checks ``processes`` when the
+    fit starts, the rest when it is built)."""
+    wrong = [
+        (processes != 1, f"{processes} processes (one only)"),
+        (minibatches != 1, f"--model.minibatches {minibatches} (needs 1)"),
+        (inner_epochs != 1, f"--model.inner_epochs {inner_epochs} (needs 1)"),
+        (accumulate != 1, f"--model.accumulate {accumulate} (needs 1)"),
+        (edges_per_update is not None, f"--model.edges_per_update {edges_per_update} (needs null)"),
+        (kl_beta != 0, f"--model.loss.init_args.kl_beta {kl_beta} (needs 0: the KL's reference forwards)"),
+        (max_train_parents is not None, f"--model.memory_guard.max_train_parents {max_train_parents} (needs null)"),
+    ]
+    problems = [text for bad, text in wrong if bad]
+    if problems:
+        raise ValueError(
+            "--model.reuse_rollout_forward true trains on the rollout's forwards, exact only for one update at the "
+            f"sampling weights: {', '.join(problems)}; or set it to false"
+        )

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lit_treegrpo.training.module import fused_on_cuda
+from lit_treegrpo.training.accelerator import fused_on_cuda
 
 CUDA = torch.device("cuda")  # only a label here: fused_on_cuda reads the device type
 
