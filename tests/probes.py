@@ -1,6 +1,6 @@
 """Callbacks and rewards that let subprocess tests observe or disturb a run: per-rank parameters,
 gates that hold a training step or an evaluation batch at a known point until the test has
-signalled the process, and a reward that fails on purpose."""
+signalled the process, a reward that fails on purpose, and a recorder of what a module logs."""
 
 from __future__ import annotations
 
@@ -123,3 +123,17 @@ class FlakyReward(RewardModel):
             first = torch.tensor([p == prompts[0] for p in prompts], device=scores.device)  # [B]
             scores = torch.where(first, torch.full_like(scores, float("nan")), scores)
         return scores
+
+
+def logged_metrics(model: pl.LightningModule) -> list[dict[str, float]]:
+    """From now on, every ``log_dict`` call of ``model`` as a dict of its scalars (floats): what a
+    training step logs, in order."""
+    logged: list[dict[str, float]] = []
+    log_dict = model.log_dict
+
+    def keep(metrics, *args, **kwargs):
+        logged.append({k: float(v) for k, v in metrics.items() if isinstance(v, (float, torch.Tensor))})
+        return log_dict(metrics, *args, **kwargs)
+
+    model.log_dict = keep
+    return logged

@@ -43,8 +43,10 @@ def test_the_shapes_job_raises_the_held_out_reward_and_keeps_diversity(tmp_path:
         "--trainer.default_root_dir", str(tmp_path / "rl"))  # fmt: skip
     ((_, base),) = scalar(tmp_path / "base", "val/reward")
     ((_, base_diversity),) = scalar(tmp_path / "base", "val/diversity")
-    ((step, tuned),) = scalar(tmp_path / "rl", "val/reward")
-    ((_, diversity),) = scalar(tmp_path / "rl", "val/diversity")
+    (start, (step, tuned)) = scalar(tmp_path / "rl", "val/reward")
+    diversity = scalar(tmp_path / "rl", "val/diversity")[-1][1]
+    # the fit scores the base model first (validate_at_start), what the validate command gave
+    assert start[0] == 0 and start[1] == pytest.approx(base, abs=1e-6), (start, base)
     assert step == 60  # validation is logged at the number of completed iterations (one x-axis)
     assert tuned > base + 0.03, (base, tuned)  # measured: 0.630 -> ~0.72 after 50 steps
     assert diversity > 0.5 * base_diversity, (base_diversity, diversity)

@@ -57,18 +57,12 @@ def test_bf16_mixed_precision_trains_on_policy(tmp_path, family: str) -> None:
     from lit_treegrpo.models.tiny import TinySD3Adapter, TinySD15Adapter
     from lit_treegrpo.rewards import Brightness
     from lit_treegrpo.training.module import TreeGRPOModule
+    from tests.probes import logged_metrics
     from tests.training.test_module import fit
 
     adapter = (TinySD3Adapter if family == "sd3" else TinySD15Adapter)(num_steps=3, guidance_scale=1.0)
     model = TreeGRPOModule(adapter, reward=Brightness(), tree=TreeSpec(branch_steps=(0, 1), branching=2))
-    logged: list[dict[str, float]] = []
-    log_dict = model.log_dict
-
-    def keep(metrics, *args, **kwargs):
-        logged.append({k: float(v) for k, v in metrics.items() if isinstance(v, (float, torch.Tensor))})
-        return log_dict(metrics, *args, **kwargs)
-
-    model.log_dict = keep
+    logged = logged_metrics(model)
     outputs: set[torch.dtype] = set()
     denoise = adapter._denoise
 

@@ -12,6 +12,7 @@ from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
 from lit_treegrpo.training.memory_guard import MemoryGuard
 from lit_treegrpo.training.module import TreeGRPOModule
+from tests.probes import logged_metrics
 from tests.training.test_module import fit
 
 
@@ -20,14 +21,7 @@ def _trained(tmp_path, reuse: bool, steps: int = 3) -> tuple[dict[str, torch.Ten
     # float rounding of near-zero gradient elements into whole steps)
     model = TreeGRPOModule(TinySD3Adapter(num_steps=3), reward=Brightness(), tree=TreeSpec(branch_steps=(0, 1), branching=2),
                            reuse_rollout_forward=reuse, optimizer=lambda p: torch.optim.SGD(p, lr=1.0))  # fmt: skip
-    logged: list[dict[str, float]] = []
-    log_dict = model.log_dict
-
-    def keep(metrics, *args, **kwargs):
-        logged.append({k: float(v) for k, v in metrics.items() if isinstance(v, (float, torch.Tensor))})
-        return log_dict(metrics, *args, **kwargs)
-
-    model.log_dict = keep
+    logged = logged_metrics(model)
     fit(model, steps, tmp_path / str(reuse))
     weights = {k: v.detach().clone() for k, v in model.adapter.denoiser.named_parameters() if v.requires_grad}
     return weights, logged
