@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .choices import check_choice
 from .compute import Compute
-from .rollout import Parents, PredictFn, RolloutTree, StepFn, recompute_log_probs
+from .rollout import Parents, PredictFn, RolloutTree, StepFn, dense_ids, recompute_log_probs
 
 Aggregation = Literal["sum", "mean"]
 KLForm = Literal["exact", "flow_grpo"]
@@ -175,15 +175,10 @@ class ClippedPolicyLoss(nn.Module):
             return per_edge.mean()
         if group.shape != per_edge.shape:
             raise ValueError(f"group has shape {tuple(group.shape)}, expected {tuple(per_edge.shape)}")
-        # Contiguous group ids without asking the device how many groups there are (no host sync):
-        # sort, mark where a new group starts, number the groups by a running count. B slots hold
-        # at most B groups; the unused ones stay 0 and the mean divides by the groups present.
+        # contiguous group ids without a host sync; B slots hold at most B groups, the unused ones
+        # stay 0 and the mean divides by the groups present
         B = per_edge.shape[0]
-        order = torch.argsort(group)  # [B]
-        ranked = group[order]  # [B] sorted group ids
-        starts = torch.ones_like(ranked, dtype=torch.bool)
-        starts[1:] = ranked[1:] != ranked[:-1]  # [B] first edge of each group
-        g = torch.empty_like(order).scatter_(0, order, torch.cumsum(starts.long(), 0) - 1)  # [B] ids 0..G-1
+        g, _, starts = dense_ids(group)  # [B] ids 0..G-1, [B] first edge of each group (sorted)
         per_group = per_edge.new_zeros(B).index_add(0, g, per_edge)  # [B], G slots used
         if self.aggregation == "mean":
             counts = per_edge.new_zeros(B).index_add(0, g, torch.ones_like(per_edge))  # [B]

@@ -280,26 +280,29 @@ class Parents(NamedTuple):
     group: Tensor  # [B] long, each edge's position in ``sources``
 
 
+def dense_ids(values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``torch.unique(values, return_inverse=True)`` without asking the device how many distinct
+    values there are (no host sync): ``(ids, ordered, first)``, each [B]: every value's position
+    among the distinct values in ascending order, the values sorted, and where in ``ordered`` each
+    distinct value first appears (``ordered[first]`` are the distinct values; ``first.sum()`` of
+    them)."""
+    ordered, order = torch.sort(values, stable=True)  # [B]
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]  # [B]
+    ids = torch.empty_like(order).scatter_(0, order, torch.cumsum(first.long(), 0) - 1)  # [B] 0 .. U-1
+    return ids, ordered, first
+
+
 def distinct_sources(tree: RolloutTree, batches: Sequence[Tensor]) -> list[Parents]:
     """:class:`Parents` of every micro-batch of edges in ``batches`` with one host read for all of
     them (how many parents each has), so that the training pass that follows never waits on the
     device to size a forward (``torch.unique`` does, once per call, on an accelerator)."""
-    ranked: list[tuple[Tensor, Tensor, Tensor]] = []
-    counts = []
-    for edges in batches:
-        src = tree.edge_source[edges]  # [B]
-        ordered, order = torch.sort(src, stable=True)  # [B]
-        first = torch.ones_like(ordered, dtype=torch.bool)
-        first[1:] = ordered[1:] != ordered[:-1]  # [B] the first edge of each parent, in id order
-        ranked.append((ordered, order, first))
-        counts.append(first.sum())
-    sizes = torch.stack(counts).tolist() if counts else []  # the one host read
-    out = []
-    for (ordered, order, first), size in zip(ranked, sizes):
-        group = torch.empty_like(order).scatter_(0, order, torch.cumsum(first.long(), 0) - 1)  # [B]
-        sources = ordered[torch.nonzero_static(first, size=int(size)).squeeze(1)]  # [U]
-        out.append(Parents(sources, group))
-    return out
+    ranked = [dense_ids(tree.edge_source[edges]) for edges in batches]  # per batch: [B] each
+    sizes = torch.stack([first.sum() for _, _, first in ranked]).tolist() if ranked else []  # the one host read
+    return [
+        Parents(ordered[torch.nonzero_static(first, size=int(size)).squeeze(1)], group)  # [U], [B]
+        for (group, ordered, first), size in zip(ranked, sizes)
+    ]
 
 
 class EdgeLogProbs(NamedTuple):
@@ -408,6 +411,7 @@ __all__ = [
     "PredictFn",
     "RolloutTree",
     "StepFn",
+    "dense_ids",
     "distinct_sources",
     "index_cond",
     "num_parents",

@@ -96,26 +96,38 @@ class PolicyUpdate:
                 totals = [combine(name, total, value) for name, total, value in zip(LossOutput._fields, totals, stats)]
                 if not last:
                     continue
-                norm = grad_norm(self.adapter.trainable_parameters())  # [] non-finite iff a gradient is
+                norm, refused = self._optimizer_step(optimizer, window, i + 1 - len(window))
                 norms.append(norm)
-                if self.grad_clip is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-                # the step's one host sync: were its losses and its gradient finite
-                problem = step_problem(window, norm, self.iteration, i + 1 - len(window))
                 window = []
-                if self._any_rank(problem is not None):
-                    optimizer.zero_grad(set_to_none=True)
-                    fault = self.fault_ledger.refuse_update(problem, self.iteration)
-                    continue
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                steps += 1
+                if refused is not None:
+                    fault = refused
+                else:
+                    steps += 1
         scheduler = self.lr_schedulers()
         if scheduler is not None and steps:
             scheduler.step()
         means = (total if name in BY_MAX else total / max(micro, 1) for name, total in zip(LossOutput._fields, totals))
         mean_norm = torch.stack(norms).mean() if norms else None
         return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm)
+
+    def _optimizer_step(
+        self, optimizer: Any, losses: list[Tensor], first_micro_batch: int
+    ) -> tuple[Tensor, str | None]:
+        """Close an accumulation window whose micro-batches' ``losses`` are backpropagated: measure
+        the gradient norm (before clipping), clip, and step unless a loss or the gradient is not
+        finite on any rank (the step's one host sync), which the fault ledger refuses. Returns the
+        norm and the refusal's cause (``None``: stepped)."""
+        norm = grad_norm(self.adapter.trainable_parameters())  # [] non-finite iff a gradient is
+        if self.grad_clip is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+        problem = step_problem(losses, norm, self.iteration, first_micro_batch)
+        fault = None
+        if self._any_rank(problem is not None):
+            fault = self.fault_ledger.refuse_update(problem, self.iteration)
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm, fault
 
     def _update_on_rollout_forward(self, optimizer: Any, tree: RolloutTree, advantages: Tensor, keep: Tensor) -> Update:
         """``reuse_rollout_forward``: one update on the kept edges' log-probs as the rollout
@@ -130,17 +142,8 @@ class PolicyUpdate:
         out = self.loss_fn(new_log_prob, tree.edge_old_log_prob[edges], advantages[edges], group=parents.group)
         self.manual_backward(out.loss)
         stats = LossOutput(*(value.detach() for value in out))
-        norm = grad_norm(self.adapter.trainable_parameters())
-        if self.grad_clip is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-        problem = step_problem([stats.loss], norm, self.iteration, 0)
-        steps, fault = 0, None
-        if self._any_rank(problem is not None):
-            fault = self.fault_ledger.refuse_update(problem, self.iteration)
-        else:
-            optimizer.step()
-            steps = 1
-        optimizer.zero_grad(set_to_none=True)
+        norm, fault = self._optimizer_step(optimizer, [stats.loss], 0)
+        steps = int(fault is None)
         scheduler = self.lr_schedulers()
         if scheduler is not None and steps:
             scheduler.step()
