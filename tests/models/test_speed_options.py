@@ -62,3 +62,9 @@ def test_a_compiled_denoiser_draws_the_same_tree_and_trains_without_recompiling(
                         default_root_dir=tmp_path, callbacks=[Count()])  # fmt: skip
     trainer.fit(model, PromptDataModule("shapes", batch_size=2, val_size=0, val_fraction=0.0))
     assert len(graphs) == 4 and graphs[-1] == graphs[-2] == graphs[-3], graphs
+
+
+def test_compile_is_refused_with_fsdp2_by_name() -> None:
+    adapter = TinySD3Adapter(num_steps=3, compile=True)  # nn.Module.compile is lazy: nothing compiles here
+    with pytest.raises(ValueError, match=r"compile true does not go with FSDP2"):
+        adapter.shard(mesh=None)

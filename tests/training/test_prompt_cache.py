@@ -123,3 +123,11 @@ def test_training_is_bitwise_unchanged_with_the_cache(tmp_path) -> None:
     plain, cached = trained(), trained(size=512, pre_encode=True)
     assert plain.keys() == cached.keys()
     assert all(torch.equal(plain[k], cached[k]) for k in plain)
+
+
+def test_pre_encoding_data_without_prompts_is_refused(adapter) -> None:
+    from types import SimpleNamespace
+
+    cache = PromptCache(PromptCacheSettings(size=4, pre_encode=True))
+    with pytest.raises(ValueError, match="the datamodule has no prompts to encode"):
+        cache.pre_encode_data(adapter, SimpleNamespace(train_set=None, val_set=SimpleNamespace(prompts=[])))

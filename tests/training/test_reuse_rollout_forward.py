@@ -55,3 +55,11 @@ def test_it_is_refused_where_it_would_not_be_exact() -> None:
         with pytest.raises(ValueError, match="reuse_rollout_forward true trains on the rollout's forwards") as err:
             build(**kwargs)
         assert named in str(err.value)
+
+
+def test_more_than_one_process_is_refused() -> None:
+    from lit_treegrpo.training.settings import check_reuse
+
+    check_reuse()  # the exact case passes
+    with pytest.raises(ValueError, match=r"rollout's forwards, .*: 2 processes \(one only\); or set it to false"):
+        check_reuse(processes=2)
