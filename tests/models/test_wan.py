@@ -4,6 +4,7 @@ engine (rollout, advantages, loss) on a tree of video latents."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -174,10 +175,12 @@ def test_any_saved_wan_folder_loads_and_wrong_folders_fail_in_one_line(saved: Pa
         WanAdapter(str(sd3), **OPTIONS)
     assert str(sd3) in str(err.value) and "\n" not in str(err.value)
     index = json.loads((saved / "model_index.json").read_text())
-    two_expert = tmp_path / "wan22"
-    two_expert.mkdir()
+    two_expert = tmp_path / "wan22"  # a switch between experts, and only one expert
+    shutil.copytree(saved, two_expert)
     (two_expert / "model_index.json").write_text(json.dumps({**index, "boundary_ratio": 0.875}))
-    with pytest.raises(ValueError, match="two-expert Wan2.2"):
+    with pytest.raises(
+        ValueError, match="needs both transformer_2 and boundary_ratio; this one has transformer_2 missing"
+    ):
         WanAdapter(str(two_expert), **OPTIONS)
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
         WanAdapter("nobody/not-a-cached-wan")
