@@ -36,3 +36,21 @@ def test_tiny_wan22_fits_logs_video_and_resumes_exactly(kind: str, tmp_path: Pat
     assert len(losses) == 4 and [v for _, v in scalars(part, "loss")] == losses
     names = sorted(p.name for p in (full / "samples").iterdir())
     assert names[:2] == ["step_000000.gif", "step_000000.png"] and "step_000004.gif" in names
+
+
+@pytest.mark.slow  # two runs of two real processes on 2 cores: about a minute and a half
+def test_ddp_with_both_experts_training_needs_unused_parameter_detection(tmp_path: Path) -> None:
+    from tests.cli.test_cli import run_cli
+
+    # the tree's only stochastic step is on the high-noise expert: the low-noise LoRA gets no gradient
+    args = ("fit", "--config", str(TINY_WAN22), "--trainer.devices", "2", "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "0", "--data.batch_size", "1", "--model.tree.branch_steps", "[0]")  # fmt: skip
+    refused = run_cli(*args, "--trainer.strategy", "ddp", root=tmp_path / "ddp")
+    assert refused.returncode != 0
+    assert "use --trainer.strategy ddp_find_unused_parameters_true" in refused.stderr
+    fit(tmp_path / "unused", "--trainer.devices", "2", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+        "--data.batch_size", "1", "--model.tree.branch_steps", "[0]", "--trainer.strategy",
+        "ddp_find_unused_parameters_true", config=TINY_WAN22)  # fmt: skip
+    state = trainable(tmp_path / "unused" / "checkpoints" / "last.ckpt")
+    assert any(v.abs().max() > 0 for k, v in state.items() if ".denoiser." in k and "lora_B" in k)  # high noise trained
+    assert all(v.abs().max() == 0 for k, v in state.items() if ".denoiser_2." in k and "lora_B" in k)  # low: no edges
