@@ -15,6 +15,7 @@ from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, 
 from lit_treegrpo.models import LoraSettings
 from lit_treegrpo.models.tiny_wan import TinyWan22Adapter, tiny_wan22_pipeline
 from lit_treegrpo.models.wan import LORA_FILES, WanAdapter
+from tests.models.helpers import brightness_steps
 
 PROMPTS = ["a red fox running in snow", "two cats on grass"]
 T = 4  # the tiny scheduler's shift 5: timesteps 1000, 910, 717, 24; A14B's boundary 875 -> experts 0, 0, 1, 1
@@ -127,19 +128,8 @@ def test_a_tree_across_the_boundary_trains_the_chosen_experts(train: str, traine
         )  # a trained expert gets a gradient (B: A waits for B to leave zero)
 
 
-def train_steps(adapter: WanAdapter, steps: int, lr: float) -> None:
-    spec = TreeSpec(T, branch_steps=(1, 2), branching=2)
-    cond = adapter.encode_prompts(PROMPTS)
-    optimizer = torch.optim.SGD(adapter.trainable_parameters(), lr=lr)
-    for step in range(steps):
-        gen = torch.Generator().manual_seed(step)
-        tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
-        rewards = adapter.decode(tree.leaf_latents).mean(dim=(1, 2, 3, 4))  # [L]
-        advantages = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method="mean")
-        out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-        ClippedPolicyLoss(clip_range=10.0)(out.step.log_prob, tree.edge_old_log_prob, advantages).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+def train_steps(adapter, steps: int, lr: float) -> None:
+    brightness_steps(adapter, PROMPTS, TreeSpec(T, branch_steps=(1, 2), branching=2), steps, lr)
 
 
 @pytest.mark.parametrize(("kind", "train"), [("ti2v", "both"), ("a14b", "both"), ("a14b", "low_noise")])
