@@ -4,6 +4,7 @@
 - :class:`SD3Adapter`: SD3 / SD3.5 transformer + rectified-flow SDE (Flow-GRPO's policy).
 - :class:`WanAdapter`: Wan2.1 text-to-video transformer + rectified-flow SDE on video latents.
 - :class:`FluxAdapter`: FLUX.1-dev / -schnell transformer + rectified-flow SDE (BranchGRPO's, DanceGRPO's policy).
+- :class:`QwenImageAdapter`: Qwen-Image MMDiT + rectified-flow SDE, true CFG with masked text of any length.
 - :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
 - :mod:`.lora`: peft LoRA attach / export in the diffusers format.
 - :mod:`.shapes`: :class:`~lit_treegrpo.models.shapes.ShapesAdapter`, the shipped Shapes model.
@@ -15,8 +16,17 @@ torch, diffusers, transformers and peft; never the rewards or the Lightning laye
 from .base import DiffusionAdapter
 from .flux import FluxAdapter
 from .lora import LoraSettings
+from .qwen_image import QwenImageAdapter
 from .sd3 import SD3Adapter
 from .sd15 import SD15Adapter
 from .wan import WanAdapter
 
-__all__ = ["DiffusionAdapter", "FluxAdapter", "LoraSettings", "SD15Adapter", "SD3Adapter", "WanAdapter"]
+__all__ = [
+    "DiffusionAdapter",
+    "FluxAdapter",
+    "LoraSettings",
+    "QwenImageAdapter",
+    "SD15Adapter",
+    "SD3Adapter",
+    "WanAdapter",
+]

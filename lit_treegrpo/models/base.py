@@ -12,9 +12,7 @@ are frozen and run under ``no_grad``.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +25,7 @@ from ..common.hub import local_or_hub_id, require_hub
 from ..core.loss import check_kl_reference
 from ..core.steps import StepOutput
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
+from .text import TruncationWarner
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,106 +61,6 @@ def load_component(cls: Any, path_or_id: str, subfolder: str | None, **kwargs: A
                 "no network); download it once with network access, or pass a local folder"
             )
         raise FileNotFoundError(f"cannot load {cls.__name__} from {where}: {hint}") from err
-
-
-def check_tokenizer(tokenizer: Any, name: str) -> None:
-    """Refuse a tokenizer that loaded empty (happens offline with some hub caches)."""
-    if tokenizer is not None and len(tokenizer) == 0:
-        raise ValueError(f"{name} loaded with an empty vocabulary; its files are missing or broken")
-
-
-class PromptTruncationWarning(UserWarning):
-    """Prompts longer than a text encoder's token limit were truncated."""
-
-
-def token_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
-    """Tokens per prompt, special tokens included, without truncation.
-
-    ``tokenizer``: a Hugging Face tokenizer, or any callable mapping a list of prompts to a list
-    of token-id sequences (or to a mapping with ``input_ids``).
-    """
-    if hasattr(tokenizer, "model_max_length"):  # Hugging Face: no "sequence too long" log line
-        ids = tokenizer(list(prompts), truncation=False, verbose=False)["input_ids"]
-    else:
-        ids = tokenizer(list(prompts))
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
-    return [len(seq) for seq in ids]
-
-
-class TruncationWarner:
-    """Warns once per text encoder (per adapter, so once per run) when prompts exceed the
-    encoder's token limit, with how many of the batch were truncated; counts every call.
-
-    An adapter keeps one and calls it on each batch of prompts before encoding them::
-
-        self.truncation = TruncationWarner()
-        ...
-        self.truncation(self.pipeline.tokenizer, prompts, 77, "CLIP")
-
-    ``truncated`` / ``seen`` hold, per encoder name, the prompts truncated and checked so far.
-    """
-
-    def __init__(self) -> None:
-        self.truncated: dict[str, int] = {}
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, tokenizer: Any, prompts: Sequence[str], max_length: int, encoder: str) -> int:
-        """Count (and, the first time for ``encoder``, warn about) the prompts with more than
-        ``max_length`` tokens (special tokens included); returns how many there are in ``prompts``.
-
-        Args:
-            tokenizer: a Hugging Face tokenizer, or a callable ``list[str] -> list of id sequences``.
-            prompts: the prompts about to be encoded.
-            max_length: the encoder's limit in tokens (CLIP: 77; T5: ``max_sequence_length``).
-            encoder: the encoder's name in the message and the counters, e.g. ``"CLIP"``, ``"T5"``.
-        """
-        if max_length < 1:
-            raise ValueError(f"max_length must be >= 1, got {max_length}")
-        lengths = token_lengths(tokenizer, prompts)
-        over = [i for i, n in enumerate(lengths) if n > max_length]
-        first_time = encoder not in self.truncated or self.truncated[encoder] == 0
-        self.truncated[encoder] = self.truncated.get(encoder, 0) + len(over)
-        self.seen[encoder] = self.seen.get(encoder, 0) + len(lengths)
-        if over and first_time:
-            longest = max(lengths[i] for i in over)
-            warnings.warn(
-                f"{len(over)} of {len(lengths)} prompts exceed the {encoder} text encoder's {max_length} "
-                f"tokens and were truncated (the longest has {longest}, e.g. {prompts[over[0]][:60]!r}); "
-                "the model never sees the rest. This warning is shown once per encoder; "
-                "shorten the prompts to avoid it",
-                PromptTruncationWarning,
-                stacklevel=2,
-            )
-        return len(over)
-
-
-_TRUNCATION_LOGS = (
-    "The following part of your input was truncated",  # diffusers, on every encode_prompt call
-    "Token indices sequence length is longer than",  # transformers, once per tokenizer
-)
-
-
-class _DropTruncationLogs(logging.Filter):
-    """Drops the libraries' own truncation log lines, which :class:`TruncationWarner` replaces
-    with one warning per encoder."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_TRUNCATION_LOGS)
-
-
-@contextlib.contextmanager
-def quiet_truncation_logs(pipeline: Any) -> Iterator[None]:
-    """While encoding through ``pipeline.encode_prompt``, drop the truncation log lines of the
-    pipeline's module and of transformers' tokenizers (only those: other records pass)."""
-    loggers = [logging.getLogger(type(pipeline).__module__), logging.getLogger("transformers.tokenization_utils_base")]
-    dropper = _DropTruncationLogs()
-    for logger in loggers:
-        logger.addFilter(dropper)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(dropper)
 
 
 def cast_components(components: dict[str, Any], torch_dtype: str, keep_float32: Sequence[str] = ()) -> None:
@@ -262,17 +161,30 @@ class DiffusionAdapter(nn.Module, ABC):
         self.truncation = TruncationWarner()  # prompts over a text encoder's limit: warned once
 
     # ------------------------------------------------------------------------ set-up helpers
-    def _setup_training(self, default_lora_targets: tuple[str, ...]) -> None:
-        """Freeze everything, then make the denoiser (or its LoRA) trainable."""
+    def denoisers(self) -> dict[str, nn.Module]:
+        """Every denoising model by its pipeline component name: ``{lora_layers_arg: denoiser}``, or
+        Wan2.2 A14B's two experts (``transformer``, ``transformer_2``)."""
+        return {self.lora_layers_arg: self.denoiser}
+
+    def trained_denoisers(self) -> dict[str, nn.Module]:
+        """The denoisers that train (through LoRA or fully): all of them unless the family lets
+        some stay frozen (Wan2.2 A14B's ``train_experts``)."""
+        return self.denoisers()
+
+    def _setup_training(self, default_lora_targets: tuple[str, ...], lora_exclude: tuple[str, ...] = ()) -> None:
+        """Freeze everything, then make the trained denoisers (or their LoRA, not on ``lora_exclude``)
+        trainable."""
         self.requires_grad_(False)
-        if self.lora is not None:
-            attach_lora(self.denoiser, self.lora, default_lora_targets)
-        else:
-            self.denoiser.requires_grad_(True)
-        if self.gradient_checkpointing:
-            self.denoiser.enable_gradient_checkpointing()
-        if self.compile_denoiser:
-            self.denoiser.compile()
+        for model in self.trained_denoisers().values():
+            if self.lora is not None:
+                attach_lora(model, self.lora, default_lora_targets, lora_exclude)
+            else:
+                model.requires_grad_(True)
+        for model in self.denoisers().values():
+            if self.gradient_checkpointing:
+                model.enable_gradient_checkpointing()
+            if self.compile_denoiser:
+                model.compile()
         self.train(False)
 
     def train(self, mode: bool = True) -> DiffusionAdapter:
@@ -310,15 +222,18 @@ class DiffusionAdapter(nn.Module, ABC):
     def reference(self) -> Iterator[None]:
         """Run the frozen base model (LoRA disabled): the KL reference of Flow-GRPO."""
         check_kl_reference(kl_beta=math.inf, has_lora=self.lora is not None)  # a reference is asked for: kl_beta > 0
-        self.denoiser.disable_adapters()
+        models = list(self.trained_denoisers().values())
+        for model in models:
+            model.disable_adapters()
         try:
             yield
         finally:
-            self.denoiser.enable_adapters()
+            for model in models:
+                model.enable_adapters()
 
     def shard(self, mesh: Any) -> None:
         """FSDP2 over the data-parallel ``mesh``: shard each block of :attr:`shard_blocks`, then
-        the denoiser. Frozen encoders and the VAE stay replicated."""
+        the denoiser (each of :meth:`denoisers`). Frozen encoders and the VAE stay replicated."""
         from torch.distributed.fsdp import fully_shard
 
         if self.compile_denoiser:
@@ -327,10 +242,11 @@ class DiffusionAdapter(nn.Module, ABC):
                 "the compiled module); use compile false with ModelParallelStrategy"
             )
 
-        for blocks in self.shard_blocks:
-            for block in getattr(self.denoiser, blocks, []):
-                fully_shard(block, mesh=mesh)
-        fully_shard(self.denoiser, mesh=mesh)
+        for model in self.denoisers().values():
+            for blocks in self.shard_blocks:
+                for block in getattr(model, blocks, []):
+                    fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
 
     def _guided(self, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
         """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do."""
@@ -367,6 +283,12 @@ class DiffusionAdapter(nn.Module, ABC):
         and the token limit where the family has one."""
         encoders = tuple((name, id(m)) for name, m in self.named_children() if name.startswith("text_encoder"))
         return (type(self).__name__, encoders, self.negative_prompt, self.do_cfg, vars(self).get("max_sequence_length"))
+
+    def join_conds(self, parts: Sequence[Cond]) -> Cond:
+        """The rows of several :meth:`encode_prompts` results as one conditioning (the prompt cache
+        joins cached rows so). Families that encode to a fixed length concatenate; one whose length
+        follows the prompts (Qwen-Image) pads to the longest first."""
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
     # ------------------------------------------------------------------------ the contract
     @abstractmethod
@@ -422,6 +344,10 @@ class DiffusionAdapter(nn.Module, ABC):
         """Guided model output for latents ``x`` [B, *S] at ``step_index`` (int or [B])."""
         idx = self._step_indices(step_index, x.shape[0], self.device)  # [B]
         return self._guided(x, self.timesteps(idx), cond)
+
+    def lora_load_code(self) -> str:
+        """The line that loads :meth:`save_lora`'s folder ``DIR`` into a plain pipeline ``pipe``."""
+        return "pipe.load_lora_weights(DIR)"
 
     def save_lora(self, folder: str | Path) -> Path:
         """Write the trained LoRA so that the family's diffusers pipeline's ``load_lora_weights``

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from ..core.choices import check_choice
@@ -47,6 +48,25 @@ class FlowMatchingAdapter(DiffusionAdapter):
             sigmas=scheduler.sigmas.float().cpu(),  # [T + 1], ends at 0
         )
         self._schedule_kwargs = kwargs  # what the parity tests pass to the pipeline
+
+    def _set_token_schedule(self, scheduler: Any, tokens: int) -> None:
+        """FluxPipeline's and QwenImagePipeline's sigmas: ``linspace(1, 1/T, T)`` through the
+        scheduler (unless it makes its own flow sigmas), with ``mu = calculate_shift(tokens)`` for a
+        scheduler that shifts dynamically, so the schedule depends on the packed latent's length."""
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift  # QwenImagePipeline's is a copy
+
+        config = scheduler.config
+        kwargs: dict[str, Any] = {}
+        if not config.get("use_flow_sigmas", False):
+            kwargs["sigmas"] = np.linspace(1.0, 1 / self.num_steps, self.num_steps)
+        kwargs["mu"] = calculate_shift(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        self._set_schedule(scheduler, **kwargs)
 
     def timesteps(self, step_index: Tensor) -> Tensor:
         return self._schedule.on(step_index.device)["t"][step_index]  # [B]

@@ -21,14 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import FLUX_LORA_TARGETS, LoraSettings
+from .text import check_tokenizer, quiet_truncation_logs
 
 
 class FluxTransformerConfig:
@@ -173,29 +173,16 @@ class FluxAdapter(FlowMatchingAdapter):
         )
 
     def _setup_schedule(self, shift: float | None) -> None:
-        """FluxPipeline's sigmas: ``linspace(1, 1/T, T)`` through the scheduler, with ``mu`` from the
-        number of packed tokens (used when the scheduler shifts dynamically), or a fixed ``shift``."""
+        """FluxPipeline's schedule (:meth:`_set_token_schedule` over the packed tokens), or a fixed
+        ``shift`` instead of the dynamic one."""
         from diffusers import FlowMatchEulerDiscreteScheduler
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
         scheduler = self.pipeline.scheduler
         if shift is not None:  # a private scheduler: the pipeline's own stays as it was loaded
             scheduler = FlowMatchEulerDiscreteScheduler.from_config(
                 scheduler.config, shift=shift, use_dynamic_shifting=False
             )
-        config = scheduler.config
-        kwargs: dict[str, Any] = {}
-        if not config.get("use_flow_sigmas", False):
-            kwargs["sigmas"] = np.linspace(1.0, 1 / self.num_steps, self.num_steps)
-        tokens = (self.latent_side // 2) ** 2
-        kwargs["mu"] = calculate_shift(
-            tokens,
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        self._set_schedule(scheduler, **kwargs)
+        self._set_token_schedule(scheduler, (self.latent_side // 2) ** 2)
 
     # ------------------------------------------------------------------------ guidance
     @property

@@ -61,8 +61,13 @@ class LoraSettings:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 
 
-def attach_lora(model: nn.Module, settings: LoraSettings, default_targets: tuple[str, ...]) -> None:
-    """Add a peft LoRA adapter to a diffusers model; only its weights require grad, in float32."""
+def attach_lora(
+    model: nn.Module, settings: LoraSettings, default_targets: tuple[str, ...], exclude: tuple[str, ...] = ()
+) -> None:
+    """Add a peft LoRA adapter to a diffusers model; only its weights require grad, in float32.
+
+    ``exclude``: full names of modules that the targets match but that must get no LoRA (layers
+    whose output the model never uses: their LoRA would get no gradient, which DDP refuses)."""
     from peft import LoraConfig
 
     targets = list(settings.target_modules or default_targets)
@@ -79,6 +84,7 @@ def attach_lora(model: nn.Module, settings: LoraSettings, default_targets: tuple
         init_lora_weights="gaussian" if settings.init == "gaussian" else True,
         target_modules=targets,
         lora_dropout=settings.dropout,
+        exclude_modules=list(exclude) or None,
     )
     model.add_adapter(config)  # diffusers' PeftAdapterMixin; freezes the base weights
     for p in model.parameters():
@@ -102,4 +108,8 @@ def lora_metadata(model: nn.Module) -> dict:
     """Rank / alpha / targets of the adapter, stored beside the weights so loading keeps alpha."""
     config = model.peft_config["default"].to_dict()
     config["target_modules"] = sorted(config["target_modules"])
+    if config.pop("exclude_modules", None):
+        # a loader builds its adapter from these targets: name exactly the adapted layers, so that it
+        # adds none where the file has no weights (the excluded ones; peft warns of either mismatch)
+        config["target_modules"] = sorted(name for name, m in model.named_modules() if hasattr(m, "lora_A"))
     return config

@@ -18,12 +18,11 @@ from .base import (
     DiffusionAdapter,
     ScheduleTables,
     cast_components,
-    check_tokenizer,
     load_component,
     parse_dtype,
-    quiet_truncation_logs,
 )
 from .lora import SD15_LORA_TARGETS, LoraSettings
+from .text import check_tokenizer, quiet_truncation_logs
 
 
 class SD15Adapter(DiffusionAdapter):

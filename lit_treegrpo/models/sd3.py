@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
+from .text import check_tokenizer, quiet_truncation_logs
 
 
 class SD3Adapter(FlowMatchingAdapter):

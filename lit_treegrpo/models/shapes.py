@@ -29,10 +29,11 @@ from torch import Tensor, nn
 
 from ..core.steps import SDEDynamics
 from ..shapes import world
-from .base import Cond, cast_components, check_tokenizer, load_component, parse_dtype
+from .base import Cond, cast_components, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 from .sd3 import sd3_transformer_forward
+from .text import check_tokenizer
 
 BUILTIN = "builtin"  # ``pretrained`` value that names the shipped weights
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")

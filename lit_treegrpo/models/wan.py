@@ -1,4 +1,8 @@
-"""Wan2.1 text-to-video (T2V 1.3B / 14B): ``WanTransformer3DModel`` + rectified-flow SDE on video latents.
+"""Wan text-to-video: ``WanTransformer3DModel`` + rectified-flow SDE on video latents. Wan2.1 T2V
+(1.3B / 14B), Wan2.2 TI2V-5B (one transformer over the Wan2.2 VAE's 48 channels, 16x spatial
+compression, one timestep per latent token) and Wan2.2 T2V-A14B (two experts: the high-noise
+``transformer`` denoises the steps whose timestep is at least ``boundary_ratio * 1000``, the
+low-noise ``transformer_2`` the rest, each with its own CFG weight).
 
 A sample is a video latent ``[C, F', h, w]`` (``F' = (num_frames - 1) / 4 + 1`` latent frames, ``h, w``
 the pixel size over 8); the engine sees it as any other latent shape. Text is encoded by UMT5 (one
@@ -17,15 +21,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..core.choices import check_choice
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, parse_dtype, quiet_truncation_logs
+from .base import Cond, cast_components, load_component, parse_dtype
 from .flow import FlowMatchingAdapter
-from .lora import LoraSettings
+from .lora import LoraSettings, lora_metadata, lora_state_dict
+from .text import check_tokenizer, quiet_truncation_logs
 
 #: self- and cross-attention projections of every ``WanTransformerBlock`` (attn1, attn2)
 WAN_LORA_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
@@ -45,6 +51,18 @@ class _SchedulerFromConfig:
         if cls is None:
             raise ValueError(f"unknown scheduler class {config.get('_class_name')!r}")
         return cls.from_config(config)
+
+
+class _PipelineIndex:
+    """The folder's ``model_index.json`` (which components and switches the pipeline has)."""
+
+    __name__ = "WanPipeline"
+
+    @staticmethod
+    def from_pretrained(path: str, subfolder: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        from diffusers import WanPipeline
+
+        return WanPipeline.load_config(path, **kwargs)
 
 
 def flow_schedule_scheduler(scheduler: Any, flow_shift: float | None) -> Any:
@@ -72,29 +90,44 @@ def flow_schedule_scheduler(scheduler: Any, flow_shift: float | None) -> Any:
     )
 
 
+#: which of Wan2.2 A14B's experts train: both, or one while the other stays the base model
+Experts = Literal["both", "high_noise", "low_noise"]
+#: the file each expert's LoRA is written to (the high-noise one: what ``load_lora_weights(DIR)`` reads)
+LORA_FILES = {
+    "transformer": "pytorch_lora_weights.safetensors",
+    "transformer_2": "transformer_2_lora_weights.safetensors",
+}
+
+
 def check_wan_folder(path: str) -> None:
-    """Refuse, in one line naming ``path``, a local folder that is not a Wan2.1 T2V pipeline."""
+    """Refuse, in one line naming ``path``, a local folder that is not a Wan text-to-video pipeline."""
     index = Path(path).expanduser() / "model_index.json"
     if not index.is_file():
         return  # no folder, or not a pipeline folder: load_component names what is missing
     config = json.loads(index.read_text())
     kind = config.get("_class_name")
     if kind != "WanPipeline":
-        raise ValueError(f"{path} holds a {kind}, not a WanPipeline; pass a Wan2.1 T2V diffusers folder")
-    if config.get("boundary_ratio") is not None or (config.get("transformer_2") or [None])[0] is not None:
-        raise ValueError(f"{path} is a two-expert Wan2.2 pipeline (transformer_2); only Wan2.1 T2V is supported")
-    if config.get("expand_timesteps"):
-        raise ValueError(f"{path} is a Wan2.2 TI2V pipeline (expand_timesteps); only Wan2.1 T2V is supported")
+        raise ValueError(
+            f"{path} holds a {kind}, not a WanPipeline; pass a Wan2.1 T2V, Wan2.2 TI2V-5B or T2V-A14B diffusers folder"
+        )
+    if (config.get("transformer") or [None])[0] is None:
+        raise ValueError(f"{path} has no high-noise transformer (only transformer_2); both experts are needed")
 
 
 class WanAdapter(FlowMatchingAdapter):
-    """Wan2.1 T2V as a tree-rollout policy over video latents ``[B, C, F', h, w]``.
+    """Wan text-to-video as a tree-rollout policy over video latents ``[B, C, F', h, w]``.
 
     Args:
-        pretrained: a local folder or hub id of a diffusers Wan2.1 T2V checkpoint (e.g.
-            ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``), or a ``WanPipeline``.
+        pretrained: a local folder or hub id of a diffusers Wan checkpoint (e.g.
+            ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``, ``Wan-AI/Wan2.2-TI2V-5B-Diffusers``,
+            ``Wan-AI/Wan2.2-T2V-A14B-Diffusers``), or a ``WanPipeline``.
         num_steps: denoising steps.
-        guidance_scale: CFG weight (Wan's default 5.0); <= 1 disables CFG.
+        guidance_scale: CFG weight (Wan's default 5.0; of the high-noise expert for A14B); <= 1
+            disables CFG.
+        guidance_scale_2: the low-noise expert's CFG weight (A14B); ``None``: ``guidance_scale``, as
+            the pipeline does. Used only when ``guidance_scale`` > 1 turns CFG on (as the pipeline).
+        train_experts: A14B only: ``both`` experts train (LoRA on each), or only ``high_noise`` or
+            ``low_noise`` while the other stays the base model (its steps still sample and score).
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
         dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         negative_prompt: unconditional prompt of CFG (Wan recommends a long list of defects).
@@ -122,6 +155,8 @@ class WanAdapter(FlowMatchingAdapter):
         *,
         num_steps: int = 20,
         guidance_scale: float = 5.0,
+        guidance_scale_2: float | None = None,
+        train_experts: Experts = "both",
         noise_level: float = 0.7,
         dynamics: SDEDynamics = "flow_sde",
         negative_prompt: str = "",
@@ -163,10 +198,23 @@ class WanAdapter(FlowMatchingAdapter):
             cast_components(pipe.components, torch_dtype, keep_float32=("vae",))
         else:
             raise TypeError(f"pretrained must be a path, hub id or WanPipeline, got {type(pretrained)}")
-        if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("expand_timesteps", False):
-            raise ValueError("WanAdapter supports Wan2.1 T2V (one transformer); this pipeline is a Wan2.2 one")
+        if pipe.transformer is None:
+            raise ValueError(
+                "the WanPipeline has no high-noise transformer (only transformer_2); both experts are needed"
+            )
+        check_choice("train_experts", train_experts, Experts)
+        if guidance_scale_2 is not None and guidance_scale_2 < 0:
+            raise ValueError(f"guidance_scale_2 must be >= 0, got {guidance_scale_2}")
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand
         self.denoiser = pipe.transformer
+        self.denoiser_2 = getattr(pipe, "transformer_2", None)  # A14B's low-noise expert, else None
+        if self.denoiser_2 is None and (train_experts != "both" or guidance_scale_2 is not None):
+            raise ValueError(
+                "train_experts and guidance_scale_2 apply to two-expert Wan2.2 models (A14B); this one has one transformer"
+            )
+        self.train_experts = train_experts
+        self.guidance_scale_2 = guidance_scale if guidance_scale_2 is None else guidance_scale_2
+        self.expand_timesteps = bool(pipe.config.get("expand_timesteps", False))  # TI2V-5B: a timestep per token
         self.vae = pipe.vae
         self.text_encoder = pipe.text_encoder
         self.temporal_factor = pipe.vae_scale_factor_temporal
@@ -176,7 +224,30 @@ class WanAdapter(FlowMatchingAdapter):
         self.schedule_scheduler = flow_schedule_scheduler(pipe.scheduler, flow_shift)
         self.flow_shift = float(self.schedule_scheduler.config.shift)
         self._set_schedule(self.schedule_scheduler)
+        ratio = pipe.config.get("boundary_ratio")
+        if (self.denoiser_2 is None) != (ratio is None):
+            raise ValueError(
+                "a two-expert Wan2.2 pipeline needs both transformer_2 and boundary_ratio; this one has "
+                f"transformer_2 {'set' if self.denoiser_2 is not None else 'missing'} and boundary_ratio {ratio}"
+            )
+        #: per step, the expert that denoises it (0: transformer, 1: transformer_2), as WanPipeline picks
+        boundary = None if ratio is None else ratio * self.schedule_scheduler.config.num_train_timesteps
+        self.step_expert = [int(boundary is not None and t < boundary) for t in self._schedule.host["t"].tolist()]
         self._setup_training(WAN_LORA_TARGETS)
+
+    def denoisers(self) -> dict[str, nn.Module]:
+        experts = {"transformer": self.denoiser}
+        if self.denoiser_2 is not None:
+            experts["transformer_2"] = self.denoiser_2
+        return experts
+
+    def trained_denoisers(self) -> dict[str, nn.Module]:
+        keep = {
+            "both": ("transformer", "transformer_2"),
+            "high_noise": ("transformer",),
+            "low_noise": ("transformer_2",),
+        }
+        return {name: m for name, m in self.denoisers().items() if name in keep[self.train_experts]}
 
     def _check_size(self, height: int, width: int, num_frames: int) -> None:
         _, ph, pw = self.denoiser.config.patch_size
@@ -197,18 +268,23 @@ class WanAdapter(FlowMatchingAdapter):
         from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
         from transformers import AutoTokenizer, UMT5EncoderModel
 
-        from .base import check_tokenizer
-
         kw = dict(revision=revision)
         weights = dict(kw, torch_dtype=dtype, variant=variant)
+        index = load_component(_PipelineIndex, path, None, **kw)  # Wan2.2: a second expert, the switch, TI2V
         tokenizer = load_component(AutoTokenizer, path, "tokenizer", **kw)
         check_tokenizer(tokenizer, f"{path}/tokenizer")
+        two_experts = (index.get("transformer_2") or [None])[0] is not None
         return WanPipeline(
             tokenizer=tokenizer,
             text_encoder=load_component(UMT5EncoderModel, path, "text_encoder", **weights),
             vae=load_component(AutoencoderKLWan, path, "vae", **dict(weights, torch_dtype=torch.float32)),
             scheduler=load_component(_SchedulerFromConfig, path, "scheduler", **kw),
             transformer=load_component(WanTransformer3DModel, path, "transformer", **weights),
+            transformer_2=load_component(WanTransformer3DModel, path, "transformer_2", **weights)
+            if two_experts
+            else None,
+            boundary_ratio=index.get("boundary_ratio"),
+            expand_timesteps=bool(index.get("expand_timesteps", False)),
         )
 
     # ------------------------------------------------------------------------ contract
@@ -229,13 +305,71 @@ class WanAdapter(FlowMatchingAdapter):
             cond["negative_prompt_embeds"] = negative  # [P, L, D]
         return cond
 
-    def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool) -> Tensor:
+    def _denoise(self, x: Tensor, t: Tensor, cond: Cond, *, negative: bool, expert: int = 0) -> Tensor:
         text = cond["prompt_embeds"]
         if negative:  # the batch is [uncond; cond]
             text = torch.cat([cond["negative_prompt_embeds"], text])  # [2B, L, D]
-        return self.denoiser(
+        if self.expand_timesteps:  # TI2V-5B: one timestep per latent token (all equal: no image to condition on)
+            _, frames, h, w = self.latent_shape()
+            t = t[:, None].expand(-1, frames * (h // 2) * (w // 2))  # [B, F'(h/2)(w/2)], as WanPipeline
+        model = self.denoiser if expert == 0 else self.denoiser_2
+        return model(
             hidden_states=x.to(self.dtype), timestep=t, encoder_hidden_states=text.to(self.dtype), return_dict=False
         )[0]
+
+    def _expert_guided(self, expert: int, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
+        """One expert's guided prediction, with that expert's CFG weight."""
+        if not self.do_cfg:
+            return self._denoise(x, t, cond, negative=False, expert=expert)
+        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True, expert=expert)
+        uncond, text = both.chunk(2)  # [B, *S] each
+        return uncond + (self.guidance_scale, self.guidance_scale_2)[expert] * (text - uncond)
+
+    def predict(self, x: Tensor, step_index: int | Tensor, cond: Cond) -> Tensor:
+        """Guided model output; with two experts, each row by the expert of its step. The rows'
+        experts are read on the host (one read per call of a training micro-batch, whose steps
+        may straddle the boundary; none in the rollout, whose step is a Python int)."""
+        idx = self._step_indices(step_index, x.shape[0], self.device)  # [B]
+        t = self.timesteps(idx)  # [B]
+        if self.denoiser_2 is None:
+            return self._expert_guided(0, x, t, cond)
+        steps = [step_index] * x.shape[0] if isinstance(step_index, int) else idx.tolist()
+        experts = [self.step_expert[s] for s in steps]
+        if len(set(experts)) == 1:
+            return self._expert_guided(experts[0], x, t, cond)
+        parts, order = [], []
+        for expert in (0, 1):
+            rows = [i for i, e in enumerate(experts) if e == expert]
+            pick = torch.tensor(rows, device=x.device)
+            parts.append(self._expert_guided(expert, x[pick], t[pick], {k: v[pick] for k, v in cond.items()}))
+            order += rows
+        back = torch.argsort(torch.tensor(order, device=x.device))  # rows back in the batch's order
+        return torch.cat(parts)[back]
+
+    def save_lora(self, folder: str | Path) -> Path:
+        """One expert: what ``WanPipeline.load_lora_weights(folder)`` reads. Two experts: each trained
+        one's LoRA in its own file (:data:`LORA_FILES`); :meth:`lora_load_code` loads both."""
+        if self.denoiser_2 is None:
+            return super().save_lora(folder)
+        if self.lora is None:
+            raise ValueError("save_lora needs LoRA training; save the full experts with save_pretrained")
+        for name, model in self.trained_denoisers().items():
+            self.pipeline.save_lora_weights(
+                str(folder),
+                transformer_lora_layers=lora_state_dict(model),
+                transformer_lora_adapter_metadata=lora_metadata(model),
+                weight_name=LORA_FILES[name],
+            )
+        return Path(folder)
+
+    def lora_load_code(self) -> str:
+        if self.denoiser_2 is None:
+            return super().lora_load_code()
+        lines = []
+        for name in self.trained_denoisers():
+            into = ", load_into_transformer_2=True" if name == "transformer_2" else ""
+            lines.append(f"pipe.load_lora_weights(DIR, weight_name={LORA_FILES[name]!r}{into})")
+        return "\n".join(lines)
 
     def latent_shape(self) -> tuple[int, int, int, int]:
         """``(C, F', h, w)`` of one video latent."""

@@ -121,11 +121,11 @@ def _is_shapes(adapter: Any) -> bool:
     return isinstance(adapter, ShapesAdapter)
 
 
-def _merged_denoiser(adapter: DiffusionAdapter) -> torch.nn.Module:
-    """A copy of the denoiser with its LoRA merged in (the denoiser itself without LoRA)."""
+def _merged(adapter: DiffusionAdapter, denoiser: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``denoiser`` with its LoRA merged in (the denoiser itself without LoRA)."""
     if adapter.lora is None:
-        return adapter.denoiser
-    denoiser = copy.deepcopy(adapter.denoiser)
+        return denoiser
+    denoiser = copy.deepcopy(denoiser)
     denoiser.fuse_lora()
     denoiser.unload_lora()
     return denoiser
@@ -141,9 +141,10 @@ def write_weights(adapter: DiffusionAdapter, folder: Path, *, merged: bool) -> l
     if _is_shapes(adapter):
         adapter.save_pretrained(folder)
         return sorted(p.name for p in folder.iterdir())
-    sub = adapter.lora_layers_arg  # "transformer" / "unet": diffusers' names
-    _merged_denoiser(adapter).save_pretrained(str(folder / sub))
-    return [sub]
+    trained = adapter.trained_denoisers()  # {"transformer" / "unet" (diffusers' names): model}; Wan2.2 A14B: two
+    for sub, denoiser in trained.items():
+        _merged(adapter, denoiser).save_pretrained(str(folder / sub))
+    return sorted(trained)
 
 
 def base_model(adapter: DiffusionAdapter, adapter_config: Mapping[str, Any] | None = None) -> str:
@@ -196,10 +197,13 @@ def how_to_load(adapter: DiffusionAdapter, lora: bool, base: str) -> str:
     else:
         load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
     if lora:
-        return f"{load_base}\npipe.load_lora_weights(DIR)"
-    sub = adapter.lora_layers_arg
-    model = type(adapter.denoiser).__name__
-    return f"{load_base}\nfrom diffusers import {model}\npipe.{sub} = {model}.from_pretrained(DIR, subfolder={sub!r})"
+        return f"{load_base}\n{adapter.lora_load_code()}"
+    trained = adapter.trained_denoisers()
+    models = sorted({type(m).__name__ for m in trained.values()})
+    lines = [f"{load_base}\nfrom diffusers import {', '.join(models)}"]
+    for sub, denoiser in trained.items():
+        lines.append(f"pipe.{sub} = {type(denoiser).__name__}.from_pretrained(DIR, subfolder={sub!r})")
+    return "\n".join(lines)
 
 
 def _card_text(card: Mapping[str, Any]) -> str:

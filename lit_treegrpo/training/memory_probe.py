@@ -90,7 +90,9 @@ def probe_training(adapter: DiffusionAdapter, spec: TreeSpec, cond: Any, noise: 
         adapter.step(out[group], x[group], step[group], stochastic=True, prev_sample=x[group])
 
     try:
-        with _checkpoint_regions_known(adapter.denoiser):
+        with contextlib.ExitStack() as stack:  # every denoiser: Wan2.2 A14B's step may be on either expert
+            for model in adapter.denoisers().values():
+                stack.enter_context(_checkpoint_regions_known(model))
             return count_saved_tensors(forward, [*adapter.parameters(), *adapter.buffers()])
     finally:
         _reshard_fsdp(adapter)

@@ -56,7 +56,7 @@ from .resume import (
     ConfiguredOptimizer,
     reward_record,
 )
-from .settings import AdvantageSettings, check_reuse, check_settings
+from .settings import AdvantageSettings, check_reuse, check_settings, check_unused_parameters
 from .sharding import Sharding
 from .step_log import NO_UPDATE, PhaseTimer, Update, step_metrics, step_outputs
 from .update import PolicyUpdate
@@ -414,6 +414,7 @@ class TreeGRPOModule(TreeGrowth, PolicyUpdate, CheckpointState, Evaluation, Shar
         self._sync_data_stream()
         if self.reuse_rollout_forward:
             check_reuse(processes=self.trainer.world_size)
+        check_unused_parameters(self.adapter, getattr(self.trainer.strategy, "model", None))
         if self.prompt_cache.settings.pre_encode:
             self.prompt_cache.pre_encode_data(self.adapter, self._datamodule())
         spec = self.tree.at(self.iteration, self.seed)

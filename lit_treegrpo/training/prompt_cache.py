@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 Cond = dict[str, Tensor]
@@ -100,7 +99,7 @@ class PromptCache:
         self.misses += len(missing)
         rows = [fresh.get(p) or self._rows[p] for p in prompts]
         device = adapter.device
-        out = {name: torch.cat([row[name] for row in rows]).to(device) for name in rows[0]}  # [P, ...]
+        out = {name: value.to(device) for name, value in adapter.join_conds(rows).items()}  # [P, ...]
         for prompt in prompts:  # most recently used last; the fresh rows enter now
             if prompt in fresh:
                 self._rows[prompt] = fresh[prompt]
@@ -144,7 +143,7 @@ class PromptCache:
             parts.append({name: value[: len(chunk)] for name, value in cond.items()})
         if len(parts) == 1:
             return parts[0]
-        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+        return adapter.join_conds(parts)
 
     def _encode_call(self, adapter: Any, prompts: list[str]) -> Cond:
         if not self._offloaded:

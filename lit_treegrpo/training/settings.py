@@ -9,6 +9,7 @@ policy's and the memory guard's options live with their owners
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..core.advantages import AdvantageMethod, StdScope, check_advantage_options
 from ..core.spec import RolloutLimits, TreeSpec
@@ -110,4 +111,21 @@ def check_reuse(
         raise ValueError(
             "--model.reuse_rollout_forward true trains on the rollout's forwards, exact only for one update at the "
             f"sampling weights: {', '.join(problems)}; or set it to false"
+        )
+
+
+def check_unused_parameters(adapter: Any, wrapped: Any) -> None:
+    """Refuse DDP without unused-parameter detection for an adapter with several trained denoisers
+    (Wan2.2 A14B's two experts): a micro-batch whose edges all sit on one side of the boundary
+    leaves the other expert's weights without a gradient, and DDP then stops the next step.
+    ``wrapped``: the strategy's model (a ``DistributedDataParallel`` under DDP)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    trained = list(adapter.trained_denoisers())
+    if len(trained) > 1 and isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters:
+        raise ValueError(
+            f"--trainer.strategy ddp: the adapter trains {' and '.join(trained)}, and a micro-batch on one expert's "
+            "steps leaves the other without a gradient, which DDP refuses; use --trainer.strategy "
+            "ddp_find_unused_parameters_true, or ModelParallelStrategy (FSDP2), or train one expert "
+            "(--model.adapter.init_args.train_experts high_noise / low_noise)"
         )

@@ -12,7 +12,7 @@ import torch
 
 from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout
 from lit_treegrpo.models import LoraSettings, SD3Adapter, SD15Adapter
-from lit_treegrpo.models.base import check_tokenizer
+from lit_treegrpo.models.text import check_tokenizer
 from lit_treegrpo.models.tiny import TinySD3Adapter, TinySD15Adapter, tiny_sd3_pipeline, tiny_sd15_pipeline
 
 PROMPTS = ["a red triangle", "two blue circles on grass"]
@@ -320,7 +320,7 @@ LONG = "a very detailed photograph of " + "a small red fox " * 8  # > 77 byte-le
 def test_prompts_over_the_clip_limit_are_warned_once_with_the_count(name: str, caplog) -> None:
     import warnings
 
-    from lit_treegrpo.models.base import PromptTruncationWarning
+    from lit_treegrpo.models.text import PromptTruncationWarning
 
     adapter, _ = make(name, max_sequence_length=512) if name == "sd3" else make(name)
     prompts = ["a red fox"] * 5 + [LONG] * 3
@@ -340,7 +340,7 @@ def test_prompts_over_the_clip_limit_are_warned_once_with_the_count(name: str, c
 def test_prompts_over_t5_max_sequence_length_are_warned_once_per_encoder() -> None:
     import warnings
 
-    from lit_treegrpo.models.base import PromptTruncationWarning
+    from lit_treegrpo.models.text import PromptTruncationWarning
 
     adapter, _ = make("sd3", max_sequence_length=16)
     with warnings.catch_warnings(record=True) as seen:
@@ -357,7 +357,7 @@ def test_prompts_over_t5_max_sequence_length_are_warned_once_per_encoder() -> No
 def test_truncation_warner_takes_any_tokenizer_callable() -> None:
     import warnings
 
-    from lit_treegrpo.models.base import PromptTruncationWarning, TruncationWarner
+    from lit_treegrpo.models.text import PromptTruncationWarning, TruncationWarner
 
     warner = TruncationWarner()
     words = lambda prompts: [p.split() for p in prompts]  # noqa: E731  one "token" per word

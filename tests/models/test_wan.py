@@ -4,6 +4,7 @@ engine (rollout, advantages, loss) on a tree of video latents."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, 
 from lit_treegrpo.models import LoraSettings
 from lit_treegrpo.models.tiny_wan import TinyWanAdapter, tiny_wan_pipeline
 from lit_treegrpo.models.wan import WanAdapter
+from tests.models.helpers import brightness_steps
 
 PROMPTS = ["a red fox running in snow", "two cats on grass"]
 T = 4
@@ -85,20 +87,8 @@ def test_engine_on_a_video_tree_recomputes_every_sde_edge_and_trains() -> None:
     assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
 
 
-def train_steps(adapter: WanAdapter, steps: int, lr: float) -> None:
-    """Real clipped policy-gradient steps on a small video tree (reward: frame brightness)."""
-    spec = TreeSpec(T, branch_steps=(0, 1), branching=2)
-    cond = adapter.encode_prompts(PROMPTS)
-    optimizer = torch.optim.SGD(adapter.trainable_parameters(), lr=lr)
-    for step in range(steps):
-        gen = torch.Generator().manual_seed(step)
-        tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
-        rewards = adapter.decode(tree.leaf_latents).mean(dim=(1, 2, 3, 4))  # [L]
-        advantages = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method="mean")
-        out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-        ClippedPolicyLoss(clip_range=10.0)(out.step.log_prob, tree.edge_old_log_prob, advantages).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+def train_steps(adapter, steps: int, lr: float) -> None:
+    brightness_steps(adapter, PROMPTS, TreeSpec(T, branch_steps=(0, 1), branching=2), steps, lr)
 
 
 def test_lora_trained_two_steps_reproduces_in_a_fresh_wan_pipeline(tmp_path: Path) -> None:
@@ -174,10 +164,12 @@ def test_any_saved_wan_folder_loads_and_wrong_folders_fail_in_one_line(saved: Pa
         WanAdapter(str(sd3), **OPTIONS)
     assert str(sd3) in str(err.value) and "\n" not in str(err.value)
     index = json.loads((saved / "model_index.json").read_text())
-    two_expert = tmp_path / "wan22"
-    two_expert.mkdir()
+    two_expert = tmp_path / "wan22"  # a switch between experts, and only one expert
+    shutil.copytree(saved, two_expert)
     (two_expert / "model_index.json").write_text(json.dumps({**index, "boundary_ratio": 0.875}))
-    with pytest.raises(ValueError, match="two-expert Wan2.2"):
+    with pytest.raises(
+        ValueError, match="needs both transformer_2 and boundary_ratio; this one has transformer_2 missing"
+    ):
         WanAdapter(str(two_expert), **OPTIONS)
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
         WanAdapter("nobody/not-a-cached-wan")

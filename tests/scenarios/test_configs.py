@@ -13,9 +13,10 @@ import pytest
 
 from lit_treegrpo import rewards
 from lit_treegrpo.cli import TreeGRPOCLI
-from lit_treegrpo.models import FluxAdapter, SD3Adapter, SD15Adapter, WanAdapter
+from lit_treegrpo.models import FluxAdapter, QwenImageAdapter, SD3Adapter, SD15Adapter, WanAdapter
 from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
 from lit_treegrpo.models.tiny import tiny_flux_pipeline, tiny_sd3_pipeline, tiny_sd15_pipeline
+from lit_treegrpo.models.tiny_qwen import tiny_qwen_image_pipeline
 from lit_treegrpo.models.tiny_wan import tiny_wan_pipeline
 from lit_treegrpo.shapes.pretrain import PretrainCLI, ShapesPretrainModule
 from lit_treegrpo.training.module import TreeGRPOModule
@@ -46,7 +47,12 @@ def offline_weights(monkeypatch, tmp_path):
         loaded.append(path)
         return tiny_flux_pipeline(0)
 
+    def qwen_image(path, dtype, revision, variant):
+        loaded.append(path)
+        return tiny_qwen_image_pipeline(0)
+
     monkeypatch.setattr(SD15Adapter, "_load", staticmethod(sd15))
+    monkeypatch.setattr(QwenImageAdapter, "_load", staticmethod(qwen_image))
     monkeypatch.setattr(FluxAdapter, "_load", staticmethod(flux))
     monkeypatch.setattr(SD3Adapter, "_load", staticmethod(sd3))
     monkeypatch.setattr(WanAdapter, "_load", staticmethod(wan))
@@ -84,8 +90,11 @@ def test_every_run_config_is_covered() -> None:
         "sd35_fsdp.yaml",
         "wan.yaml",
         "tiny_wan.yaml",
+        "tiny_wan22.yaml",
         "flux.yaml",
         "tiny_flux.yaml",
+        "qwen_image.yaml",
+        "tiny_qwen_image.yaml",
     } <= names
     assert {p.stem for p in METHODS} == {
         "treegrpo",

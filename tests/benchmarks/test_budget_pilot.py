@@ -1,0 +1,43 @@
+"""benchmarks/budget_pilot.py: the flatness check at every point of a longer budget, on curves whose
+answer is worked out by hand, and the refusals of its command line."""
+
+from __future__ import annotations
+
+import budget_pilot
+import pytest
+from compare.runs import Run
+
+
+def run(rewards: list[float], se: float = 0.01) -> Run:
+    """A run evaluated at 0, 10, 20, ... units with these rewards and evaluation standard error."""
+    return Run([], [{"units": 10.0 * i, "reward": r, "reward_se": se} for i, r in enumerate(rewards)])
+
+
+def test_the_check_finds_where_the_seed_mean_curve_flattens() -> None:
+    # two seeds with se 0.01: the seed mean's noise is sqrt(0.01^2) / sqrt(2) = 0.00707, two units 0.0141.
+    # seed means at 10..60: 0.20, 0.30, 0.40, 0.45, 0.46, 0.46.
+    # at 30: (0.20, 0.30, 0.40), centre 0.30, 0.10 away > 0.0141: not flat; at 40: (0.30, 0.40, 0.45): not;
+    # at 50: (0.40, 0.45, 0.46), centre 0.4367, 0.0367 away: not; at 60: (0.45, 0.46, 0.46), centre
+    # 0.4567, largest gap 0.0067 <= 0.0141: flat
+    a = run([0.10, 0.19, 0.31, 0.39, 0.46, 0.45, 0.47])
+    b = run([0.10, 0.21, 0.29, 0.41, 0.44, 0.47, 0.45])
+    rows = budget_pilot.checks([a, b], every=10.0, budget=60.0)
+    assert [r["budget"] for r in rows] == [30.0, 40.0, 50.0, 60.0]
+    assert [r["flat"] for r in rows] == [False, False, False, True]
+    assert rows[-1]["mean_reward"] == pytest.approx([0.45, 0.46, 0.46])
+    assert rows[-1]["evaluation_noise"] == pytest.approx(0.01 / 2**0.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--method", "nothing", "--budget", "90000"], "--method must be one of"),
+        (["--method", "treegrpo", "--budget", "90000", "--seeds", "0"], "are the comparison's reported seeds"),
+        (["--method", "treegrpo", "--budget", "50000"], "must be a multiple"),
+        (["--method", "treegrpo", "--budget", "60000"], "must be a multiple"),  # 2 points: too few
+    ],
+)
+def test_the_command_line_refuses_what_would_mislead(argv: list[str], message: str, capsys, tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        budget_pilot.parse([*argv, "--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
