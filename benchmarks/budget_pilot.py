@@ -70,7 +70,9 @@ def checks(runs: list[Any], every: float, budget: float) -> list[dict[str, Any]]
     out = []
     points = int(budget / every)
     for n in range(3, points + 1):
-        cut = [type(r)(r.iterations, [p for p in r.curve if p["units"] <= n * every + 1e-6]) for r in runs]
+        # an evaluation lands just past its multiple of `every` (at the iteration that crosses it): keep
+        # it, so that the curve is interpolated at the cut, not held at the evaluation before
+        cut = [type(r)(r.iterations, [p for p in r.curve if p["units"] < (n + 0.5) * every]) for r in runs]
         out.append({"budget": n * every, **report.flattening(cut, n * every, n)})
     return out
 
@@ -93,14 +95,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         raise SystemExit(f"not trained yet: {', '.join(missing)}")
     rows = checks(runs, args.every, args.budget)
     first_flat = next((r["budget"] for r in rows if r["flat"]), None)
+    means = [(r["budget"], r["mean_reward"][-1]) for r in rows]
+    peak = max(means, key=lambda m: m[1])
     result = {"method": args.method, "lr": lr, "seeds": args.seeds, "every": args.every, "checks": rows,
-              "first_flat_budget": first_flat}  # fmt: skip
+              "first_flat_budget": first_flat, "peak": {"budget": peak[0], "mean_reward": peak[1]}}  # fmt: skip
     (args.out / "pilot.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         ys = ", ".join(f"{y:.4f}" for y in r["mean_reward"])
         print(f"{r['budget']:>9.0f} units: last three {ys}, noise {r['evaluation_noise']:.4f}: "
               f"{'flat' if r['flat'] else 'climbing or noisy'}")  # fmt: skip
     print(f"first flat at {first_flat} units" if first_flat else "not flat within the budget")
+    print(f"highest seed mean {peak[1]:.4f} at {peak[0]:.0f} units")
     return result
 
 

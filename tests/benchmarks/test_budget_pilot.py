@@ -41,3 +41,16 @@ def test_the_command_line_refuses_what_would_mislead(argv: list[str], message: s
     with pytest.raises(SystemExit):
         budget_pilot.parse([*argv, "--out", str(tmp_path)])
     assert message in capsys.readouterr().err
+
+
+def test_an_evaluation_just_past_the_cut_is_interpolated_not_dropped() -> None:
+    # evaluations land past their multiple (the iteration that crosses it): units 3, 13, 23, 33, 43, ...
+    # seed means 0.40 at 33 and 0.45 at 43: at the cut 40 the curve reads 0.40 + 0.7 x 0.05 = 0.435
+    # (dropping the evaluation at 43 would hold 0.40)
+    def shifted(rewards: list[float]) -> Run:
+        return Run([], [{"units": 10.0 * i + 3, "reward": r, "reward_se": 0.01} for i, r in enumerate(rewards)])
+
+    a = shifted([0.10, 0.19, 0.31, 0.39, 0.46, 0.45, 0.47])
+    b = shifted([0.10, 0.21, 0.29, 0.41, 0.44, 0.47, 0.45])
+    rows = {r["budget"]: r for r in budget_pilot.checks([a, b], every=10.0, budget=60.0)}
+    assert rows[40.0]["mean_reward"][-1] == pytest.approx(0.435)
