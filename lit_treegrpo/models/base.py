@@ -63,6 +63,27 @@ def load_component(cls: Any, path_or_id: str, subfolder: str | None, **kwargs: A
         raise FileNotFoundError(f"cannot load {cls.__name__} from {where}: {hint}") from err
 
 
+class PipelineIndex:
+    """A pipeline folder's ``model_index.json`` (which pipeline, which components and switches),
+    read through :func:`load_component` for its one-line errors, local folder or hub cache alike."""
+
+    @staticmethod
+    def from_pretrained(path: str, subfolder: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        from diffusers import DiffusionPipeline
+
+        return DiffusionPipeline.load_config(path, **kwargs)
+
+
+def load_pipeline_index(path: str, expected: str, hint: str, **kwargs: Any) -> dict[str, Any]:
+    """``path``'s ``model_index.json``; a folder of another pipeline than ``expected`` is refused in
+    one line naming it, followed by ``hint`` (what to pass instead)."""
+    index = load_component(PipelineIndex, path, None, **kwargs)
+    kind = index.get("_class_name")
+    if kind != expected:
+        raise ValueError(f"pretrained: {path} holds a {kind}, not a {expected}; {hint}")
+    return index
+
+
 def cast_components(components: dict[str, Any], torch_dtype: str, keep_float32: Sequence[str] = ()) -> None:
     """Cast the modules of a pipeline handed in built (its ``components``) to ``torch_dtype``, as
     loading them from a folder with that dtype would (those named in ``keep_float32``: float32), so
@@ -248,13 +269,20 @@ class DiffusionAdapter(nn.Module, ABC):
                     fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
 
-    def _guided(self, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
-        """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do."""
+    def _guided(self, x: Tensor, t: Tensor, cond: Cond, *, scale: float | None = None, **denoise: Any) -> Tensor:
+        """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do.
+        ``scale``: the CFG weight (``None``: :attr:`cfg_scale`); ``denoise``: passed on to
+        :meth:`_denoise` (Wan2.2 A14B's ``expert``)."""
         if not self.do_cfg:
-            return self._denoise(x, t, cond, negative=False)
-        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True)  # [2B, *S]
+            return self._denoise(x, t, cond, negative=False, **denoise)
+        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True, **denoise)  # [2B, *S]
         uncond, text = both.chunk(2)  # [B, *S] each
-        return uncond + self.cfg_scale * (text - uncond)
+        return self._combine_guidance(uncond, text, self.cfg_scale if scale is None else scale)
+
+    def _combine_guidance(self, uncond: Tensor, text: Tensor, scale: float) -> Tensor:
+        """Classifier-free guidance's ``uncond + scale (text - uncond)``; a family whose pipeline
+        does more (Qwen-Image's norm rescale) overrides this."""
+        return uncond + scale * (text - uncond)
 
     def _step_indices(self, step_index: int | Tensor, batch: int, device: torch.device | str) -> Tensor:
         """A [B] long tensor of step indices on ``device``.

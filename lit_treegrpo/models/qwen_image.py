@@ -18,7 +18,6 @@ Each part as ``QwenImagePipeline`` does it, so that a deterministic rollout repr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, parse_dtype
+from .base import Cond, cast_components, load_component, load_pipeline_index, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 from .text import check_tokenizer, quiet_truncation_logs
@@ -37,19 +36,6 @@ from .text import check_tokenizer, quiet_truncation_logs
 QWEN_IMAGE_LORA_TARGETS: tuple[str, ...] = SD3_LORA_TARGETS
 #: conditioning whose length is the longest prompt's, with its mask: padded together by ``join_conds``
 _SEQUENCES = (("prompt_embeds", "prompt_embeds_mask"), ("negative_prompt_embeds", "negative_prompt_embeds_mask"))
-
-
-def check_qwen_image_folder(path: str) -> None:
-    """Refuse, in one line naming ``path``, a local pipeline folder that is not Qwen-Image's."""
-    index = Path(path).expanduser() / "model_index.json"
-    if not index.is_file():
-        return  # no folder, or not a pipeline folder: load_component names what is missing
-    kind = json.loads(index.read_text()).get("_class_name")
-    if kind != "QwenImagePipeline":
-        raise ValueError(
-            f"pretrained: {path} holds a {kind}, not a QwenImagePipeline; pass a folder that "
-            "QwenImagePipeline.save_pretrained wrote or the hub id Qwen/Qwen-Image"
-        )
 
 
 def pad_sequence(x: Tensor, length: int) -> Tensor:
@@ -121,9 +107,11 @@ class QwenImageAdapter(FlowMatchingAdapter):
         decode_batch_size: int = 4,
         compile: bool = False,
     ) -> None:
+        if true_cfg_scale < 0:  # checked here: the base class would name guidance_scale
+            raise ValueError(f"true_cfg_scale must be >= 0, got {true_cfg_scale}")
         super().__init__(
             num_steps=num_steps,
-            guidance_scale=true_cfg_scale,  # the weight of CFG: cfg_scale below
+            guidance_scale=true_cfg_scale,  # kept as guidance_scale: the weight of CFG (cfg_scale)
             negative_prompt=negative_prompt,
             lora=lora,
             gradient_checkpointing=gradient_checkpointing,
@@ -137,10 +125,8 @@ class QwenImageAdapter(FlowMatchingAdapter):
             raise ValueError(
                 f"max_sequence_length must be in 1..1024 (QwenImagePipeline's limit), got {max_sequence_length}"
             )
-        self.true_cfg_scale = true_cfg_scale
         self.max_sequence_length = max_sequence_length
         if isinstance(pretrained, (str, Path)):
-            check_qwen_image_folder(str(pretrained))
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
         elif isinstance(pretrained, QwenImagePipeline):
             pipe = pretrained
@@ -174,6 +160,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
 
         kw = dict(revision=revision)
         weights = dict(kw, torch_dtype=dtype, variant=variant)
+        load_pipeline_index(path, "QwenImagePipeline", "pass a folder that QwenImagePipeline.save_pretrained wrote or the hub id Qwen/Qwen-Image", **kw)  # fmt: skip
         tokenizer = load_component(AutoTokenizer, path, "tokenizer", **kw)
         check_tokenizer(tokenizer, f"{path}/tokenizer")
         return QwenImagePipeline(
@@ -185,14 +172,10 @@ class QwenImageAdapter(FlowMatchingAdapter):
         )
 
     # ------------------------------------------------------------------------ guidance
-    def _guided(self, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
+    def _combine_guidance(self, uncond: Tensor, text: Tensor, scale: float) -> Tensor:
         """QwenImagePipeline's true CFG: ``uncond + s (cond - uncond)``, rescaled per token to the
-        conditional prediction's norm; [uncond; cond] as one batched forward."""
-        if not self.do_cfg:
-            return self._denoise(x, t, cond, negative=False)
-        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True)  # [2B, N, 4C]
-        uncond, text = both.chunk(2)  # [B, N, 4C] each
-        combined = uncond + self.cfg_scale * (text - uncond)
+        conditional prediction's norm."""
+        combined = super()._combine_guidance(uncond, text, scale)  # [B, N, 4C]
         return combined * (text.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
     # ------------------------------------------------------------------------ contract

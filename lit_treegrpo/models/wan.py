@@ -19,7 +19,6 @@ is used as it is, so the adapter reproduces ``WanPipeline`` with that scheduler 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +27,7 @@ from torch import Tensor, nn
 
 from ..core.choices import check_choice
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, parse_dtype
+from .base import Cond, cast_components, load_component, load_pipeline_index, parse_dtype
 from .flow import FlowMatchingAdapter
 from .lora import LoraSettings, lora_metadata, lora_state_dict
 from .text import check_tokenizer, quiet_truncation_logs
@@ -51,18 +50,6 @@ class _SchedulerFromConfig:
         if cls is None:
             raise ValueError(f"unknown scheduler class {config.get('_class_name')!r}")
         return cls.from_config(config)
-
-
-class _PipelineIndex:
-    """The folder's ``model_index.json`` (which components and switches the pipeline has)."""
-
-    __name__ = "WanPipeline"
-
-    @staticmethod
-    def from_pretrained(path: str, subfolder: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        from diffusers import WanPipeline
-
-        return WanPipeline.load_config(path, **kwargs)
 
 
 def flow_schedule_scheduler(scheduler: Any, flow_shift: float | None) -> Any:
@@ -97,21 +84,6 @@ LORA_FILES = {
     "transformer": "pytorch_lora_weights.safetensors",
     "transformer_2": "transformer_2_lora_weights.safetensors",
 }
-
-
-def check_wan_folder(path: str) -> None:
-    """Refuse, in one line naming ``path``, a local folder that is not a Wan text-to-video pipeline."""
-    index = Path(path).expanduser() / "model_index.json"
-    if not index.is_file():
-        return  # no folder, or not a pipeline folder: load_component names what is missing
-    config = json.loads(index.read_text())
-    kind = config.get("_class_name")
-    if kind != "WanPipeline":
-        raise ValueError(
-            f"{path} holds a {kind}, not a WanPipeline; pass a Wan2.1 T2V, Wan2.2 TI2V-5B or T2V-A14B diffusers folder"
-        )
-    if (config.get("transformer") or [None])[0] is None:
-        raise ValueError(f"{path} has no high-noise transformer (only transformer_2); both experts are needed")
 
 
 class WanAdapter(FlowMatchingAdapter):
@@ -191,7 +163,6 @@ class WanAdapter(FlowMatchingAdapter):
             raise ValueError(f"flow_shift must be > 0, got {flow_shift}")
         self.max_sequence_length = max_sequence_length
         if isinstance(pretrained, (str, Path)):
-            check_wan_folder(str(pretrained))
             pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
         elif isinstance(pretrained, WanPipeline):
             pipe = pretrained
@@ -270,7 +241,11 @@ class WanAdapter(FlowMatchingAdapter):
 
         kw = dict(revision=revision)
         weights = dict(kw, torch_dtype=dtype, variant=variant)
-        index = load_component(_PipelineIndex, path, None, **kw)  # Wan2.2: a second expert, the switch, TI2V
+        # which Wan: Wan2.2 adds a second expert and the switch (A14B), or per-token timesteps (TI2V)
+        hint = "pass a Wan2.1 T2V, Wan2.2 TI2V-5B or T2V-A14B diffusers folder"
+        index = load_pipeline_index(path, "WanPipeline", hint, **kw)
+        if (index.get("transformer") or [None])[0] is None:
+            raise ValueError(f"{path} has no high-noise transformer (only transformer_2); both experts are needed")
         tokenizer = load_component(AutoTokenizer, path, "tokenizer", **kw)
         check_tokenizer(tokenizer, f"{path}/tokenizer")
         two_experts = (index.get("transformer_2") or [None])[0] is not None
@@ -319,11 +294,7 @@ class WanAdapter(FlowMatchingAdapter):
 
     def _expert_guided(self, expert: int, x: Tensor, t: Tensor, cond: Cond) -> Tensor:
         """One expert's guided prediction, with that expert's CFG weight."""
-        if not self.do_cfg:
-            return self._denoise(x, t, cond, negative=False, expert=expert)
-        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True, expert=expert)
-        uncond, text = both.chunk(2)  # [B, *S] each
-        return uncond + (self.guidance_scale, self.guidance_scale_2)[expert] * (text - uncond)
+        return self._guided(x, t, cond, scale=(self.guidance_scale, self.guidance_scale_2)[expert], expert=expert)
 
     def predict(self, x: Tensor, step_index: int | Tensor, cond: Cond) -> Tensor:
         """Guided model output; with two experts, each row by the expert of its step. The rows'

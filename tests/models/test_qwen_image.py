@@ -164,6 +164,7 @@ def test_any_saved_folder_loads_and_wrong_folders_fail_in_one_line(saved: Path, 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        (dict(true_cfg_scale=-1.0), "true_cfg_scale must be >= 0"),
         (dict(height=40), "height must be a positive multiple of 16"),
         (dict(width=0), "width must be a positive multiple of 16"),
         (dict(max_sequence_length=0), "max_sequence_length must be in 1..1024"),

@@ -182,6 +182,8 @@ def test_wrong_folders_and_options_fail_in_one_line(saved: dict[str, Path], tmp_
         TinyWan22Adapter(kind="ti2v", train_experts="low_noise")
     with pytest.raises(ValueError, match="apply to two-expert Wan2.2 models"):
         TinyWanAdapter(guidance_scale_2=3.0)
+    with pytest.raises(ValueError, match="guidance_scale_2 must be >= 0"):
+        TinyWan22Adapter(kind="a14b", guidance_scale_2=-1.0)
     with pytest.raises(ValueError, match="train_experts"):
         TinyWan22Adapter(kind="a14b", train_experts="middle")
     with pytest.raises(ValueError, match="height must be a positive multiple of 32"):
