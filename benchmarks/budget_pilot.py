@@ -1,18 +1,19 @@
 """How much compute does the comparison's budget need for a method's held-out curve to flatten?
 
-Trains one method at its chosen rate (read from the comparison's sweep in ``--from``) on sweep
+Trains one method at its chosen rate (read from the comparison's ``results.json`` in ``--from``, or
+given by ``--lr``) on sweep
 seeds only (never the reported ones), to a longer budget than the comparison's, with a held-out
 evaluation every ``--every`` units as the comparison evaluates (same prompts, same noises). Then,
 at each evaluation point B, it applies the report's flatness check to the seed-mean curve cut at
 B (the last three evaluations within two noise units of their mean; noise: the evaluations' own
 standard error over the square root of the number of seeds), so that the next comparison's
 budget can be fixed before its runs. The runs are cached and claimed as the comparison's are, so
-two processes share them and an interrupted pilot resumes.
+two processes share them and an interrupted pilot resumes; a longer ``--budget`` extends them.
 
     python benchmarks/budget_pilot.py --method treegrpo --budget 900000 --seeds 100 101 \\
         --out benchmarks/results/shapes_cpu_pilot          # train (two processes may share)
     python benchmarks/budget_pilot.py --method treegrpo --budget 900000 --seeds 100 101 \\
-        --out benchmarks/results/shapes_cpu_pilot --report  # the check at every point, pilot.json
+        --out benchmarks/results/shapes_cpu_pilot --report  # the check at every point, pilot_treegrpo.json
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--from", dest="source", type=Path, default=COMPARISON, help="the comparison whose sweep chose the rate"
     )
-    p.add_argument("--report", action="store_true", help="print the flatness check at every point; write pilot.json")
+    p.add_argument("--lr", type=float, help="the rate to train (default: the one the comparison in --from chose)")
+    p.add_argument(
+        "--report", action="store_true", help="print the flatness check at every point; write pilot_<method>.json"
+    )
     args = p.parse_args(argv)
     if args.method not in plan.HEADLINE:
         p.error(f"--method must be one of {', '.join(plan.HEADLINE)}, got {args.method!r}")
@@ -59,10 +63,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def chosen_rate(source: Path, method: str) -> float:
-    sweep = plan.sweep_of(RunCache(source, plan.FULL.protocol), method, plan.FULL)
-    if sweep.chosen is None:
-        raise SystemExit(f"the sweep of {method} in {source} is not complete: no chosen rate yet")
-    return sweep.chosen
+    """The rate the comparison in ``source`` chose for ``method`` (its results.json, whatever the
+    protocol its runs were trained under)."""
+    path = source / "results.json"
+    chosen = json.loads(path.read_text()).get("sweep", {}).get(method, {}).get("chosen_lr") if path.is_file() else None
+    if chosen is None:
+        raise SystemExit(f"{path} has no chosen rate for {method}: give --lr, or --from a finished comparison")
+    return float(chosen)
 
 
 def checks(runs: list[Any], every: float, budget: float) -> list[dict[str, Any]]:
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
-    lr = chosen_rate(args.source, args.method)
+    lr = args.lr if args.lr is not None else chosen_rate(args.source, args.method)
     cache = RunCache(args.out, Protocol(budget=args.budget, evaluations=int(args.budget / args.every)))
     specs = [RunSpec(args.method, lr, seed) for seed in args.seeds]
     if not args.report:
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     peak = max(means, key=lambda m: m[1])
     result = {"method": args.method, "lr": lr, "seeds": args.seeds, "every": args.every, "checks": rows,
               "first_flat_budget": first_flat, "peak": {"budget": peak[0], "mean_reward": peak[1]}}  # fmt: skip
-    (args.out / "pilot.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"pilot_{args.method}.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         ys = ", ".join(f"{y:.4f}" for y in r["mean_reward"])
         print(f"{r['budget']:>9.0f} units: last three {ys}, noise {r['evaluation_noise']:.4f}: "

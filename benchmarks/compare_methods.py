@@ -58,6 +58,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "seed, 2 reported seeds, no variants); alone, it runs work, timing and report (same schema): "
         "< 10 min on 2 cores",
     )
+    p.add_argument(
+        "--design",
+        choices=[d for d in plan.DESIGNS if d != "quick"],
+        default=next(k for k, d in plan.DESIGNS.items() if d is plan.FULL),
+        help="which fixed protocol (compare/plan.py: DESIGNS): 540k is the current comparison's "
+        "(benchmarks/results/shapes_cpu_long), 300k the first one's (benchmarks/results/shapes_cpu)",
+    )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(
         "--docs",
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
     args.out.mkdir(parents=True, exist_ok=True)
-    design = plan.QUICK if args.quick else plan.FULL
+    design = plan.QUICK if args.quick else plan.DESIGNS[args.design]
     cache = RunCache(args.out, design.protocol)
     if args.work:
         work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0)

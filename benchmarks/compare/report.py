@@ -95,6 +95,10 @@ def method_summary(
         "at_units": {f"{x:.0f}": stats.bootstrap([stats.at(c, x) for c in curves], seed=seed) for x in levels(budget)},
         "auc": stats.bootstrap([stats.area(c, budget) for c in curves], seed=seed),
         "plateau": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),
+        # a run that peaks and then collapses ends lower than it was: the final reward alone hides
+        # it, so each seed's best held-out evaluation and its fall from there to the end are reported
+        "peak": stats.bootstrap([max(y for _, y in c) for c in curves], seed=seed),
+        "drop": stats.bootstrap([max(y for _, y in c) - stats.at(c, budget) for c in curves], seed=seed),
         "curves": [r.curve for r in runs],
     }
     if goals is not None:
@@ -311,14 +315,17 @@ def tables(report: dict[str, Any]) -> str:
             "",
             "| method | lr | seeds | units / iteration (sampling + trained + reference) | "
             + " | ".join(f"reward at {n}" for n in level_names)
-            + " | mean reward over the budget (AUC) |",
-            "|---|---|---|---|" + "---|" * len(level_names) + "---|",
+            + " | mean reward over the budget (AUC) | best evaluation | its fall to the end |",
+            "|---|---|---|---|" + "---|" * len(level_names) + "---|---|---|",
         ]
         for name, m in methods.items():
             it = m["per_iteration"]
             cost = f"{it['units']:.0f} ({it['sampling']:.0f} + 3 x {it['trained']:.0f} + {it['reference']:.0f})"
             at = " | ".join(ci(m["at_units"][f"{x:.0f}"]) for x in p["levels"])
-            lines.append(f"| {name} | {m['lr']:g} | {m['n']} | {cost} | {at} | {ci(m['auc'])} |")
+            lines.append(
+                f"| {name} | {m['lr']:g} | {m['n']} | {cost} | {at} | {ci(m['auc'])} | {ci(m['peak'])} | "
+                f"{ci(m['drop'])} |"
+            )
     if report["pairs"]:
         lines += ["", "| pair (first minus second) | final reward | | AUC | |", "|---|---|---|---|---|"]
         for key, d in report["pairs"].items():

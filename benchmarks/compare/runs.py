@@ -6,10 +6,18 @@ work (the module's own ``compute/*`` metrics), phase times and training reward, 
 curve: the mean ShapesReward of deterministic samples of the held-out prompts (never trained on) x
 the evaluation seeds, the same noises for every method, at iteration 0 and each time the run's
 compute crosses a multiple of ``budget / evaluations``, and at the end.
+
+Next to it, ``<key>.ckpt`` holds the run's trainable state where it stopped (Lightning's checkpoint:
+LoRA weights, optimizer, iteration, data order, generators). When the protocol's budget grows and its
+evaluation spacing stays, a cached run is *extended* from that checkpoint instead of trained again:
+resuming is exact, so the extended record equals the record of a run trained straight to the new
+budget (tested), and a longer budget costs only the added units. The checkpoints stay out of git; a
+run without one is trained from the start.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -17,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,6 +51,17 @@ class Protocol:
     max_iterations: int = 100_000
     """Safety cap on iterations per run."""
 
+    @property
+    def every(self) -> float:
+        """Compute units between held-out evaluations."""
+        return self.budget / self.evaluations
+
+    def extends(self, shorter: Protocol) -> bool:
+        """Whether a run under ``shorter`` is the start of a run under this protocol: a smaller budget,
+        everything else (evaluation spacing, noises, batch) the same."""
+        same = {**asdict(shorter), "budget": self.budget, "evaluations": self.evaluations}
+        return shorter.budget < self.budget and same == asdict(self) and shorter.every == self.every
+
 
 @dataclass
 class Run:
@@ -54,23 +74,40 @@ class Run:
 class Recorder:
     """Records each training step, evaluates on the held-out prompts, stops the run at its budget."""
 
-    def __init__(self, module: Any, prompts: list[str], protocol: Protocol) -> None:
+    def __init__(
+        self,
+        module: Any,
+        prompts: list[str],
+        protocol: Protocol,
+        *,
+        start: Run | None = None,
+        seconds: float = 0.0,
+        checkpoint: Path | None = None,
+    ) -> None:
         import lightning.pytorch as pl
 
         self.module, self.prompts, self.protocol = module, prompts, protocol
-        self.run = Run()
-        self.next_eval = protocol.budget / protocol.evaluations
-        self.seconds = 0.0
+        # an extended run goes on from the record of its shorter run (evaluations included)
+        self.run = Run(list(start.iterations), list(start.curve)) if start else Run()
+        self.seconds = seconds
+        self.checkpoint = checkpoint
+        units = self.run.iterations[-1]["units_total"] if self.run.iterations else 0.0
+        self.next_eval = self._after(units)
         recorder = self
 
         class _Callback(pl.Callback):
             def on_train_start(self, trainer, pl_module):
-                recorder.evaluate()
+                if not recorder.run.curve:  # a resumed run has its iteration-0 evaluation already
+                    recorder.evaluate()
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
                 recorder.step(trainer)
 
         self.callback = _Callback()
+
+    def _after(self, units: float) -> float:
+        """The first evaluation point past ``units`` (a multiple of the protocol's spacing)."""
+        return self.protocol.every * (math.floor(units / self.protocol.every) + 1)
 
     def step(self, trainer: Any) -> None:
         m = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -89,10 +126,13 @@ class Recorder:
         done = record["units_total"] >= self.protocol.budget or len(self.run.iterations) >= self.protocol.max_iterations
         if record["units_total"] >= self.next_eval or done:
             self.evaluate()
-            while self.next_eval <= record["units_total"]:
-                self.next_eval += self.protocol.budget / self.protocol.evaluations
+            self.next_eval = self._after(record["units_total"])
         if done:
             trainer.should_stop = True
+            if self.checkpoint is not None:
+                # saved where Lightning's own ModelCheckpoint saves (after the batch), so that a
+                # fit resumed from it goes on with the next batch, as an unbroken run would
+                trainer.save_checkpoint(self.checkpoint)
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -127,8 +167,17 @@ class Trained(NamedTuple):
     module: Any  # the trained TreeGRPOModule
 
 
-def train(spec: RunSpec, protocol: Protocol) -> Trained:
-    """Train ``spec`` from the shipped weights until it has spent ``protocol.budget`` units."""
+class Start(NamedTuple):
+    """Where an extended run starts: its shorter run's record and checkpoint."""
+
+    run: Run
+    seconds: float
+    checkpoint: Path
+
+
+def train(spec: RunSpec, protocol: Protocol, *, start: Start | None = None, checkpoint: Path | None = None) -> Trained:
+    """Train ``spec`` from the shipped weights (or go on from ``start``) until it has spent
+    ``protocol.budget`` units; save its state at the end to ``checkpoint`` when given."""
     from lightning.pytorch import Trainer
 
     with tempfile.TemporaryDirectory() as root:
@@ -136,7 +185,14 @@ def train(spec: RunSpec, protocol: Protocol) -> Trained:
         if data.batch_size != protocol.batch_size:
             raise ValueError(f"the task config's batch size is {data.batch_size}, the protocol's {protocol.batch_size}")
         data.setup("fit")
-        recorder = Recorder(module, list(data.val_set.prompts), protocol)
+        recorder = Recorder(
+            module,
+            list(data.val_set.prompts),
+            protocol,
+            start=start.run if start else None,
+            seconds=start.seconds if start else 0.0,
+            checkpoint=checkpoint,
+        )
         trainer = Trainer(
             accelerator="cpu",
             devices=1,
@@ -148,8 +204,12 @@ def train(spec: RunSpec, protocol: Protocol) -> Trained:
             enable_model_summary=False,
             callbacks=[*callbacks, recorder.callback],
         )
-        trainer.fit(module, data)
+        trainer.fit(module, data, ckpt_path=start.checkpoint if start else None)
     return Trained(recorder.run, record, module)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class RunCache:
@@ -162,6 +222,10 @@ class RunCache:
 
     def path(self, spec: RunSpec) -> Path:
         return self.folder / f"{spec.key}.json"
+
+    def checkpoint(self, spec: RunSpec) -> Path:
+        """The run's state where it stopped, for extending it to a longer budget."""
+        return self.folder / f"{spec.key}.ckpt"
 
     def identity(self, spec: RunSpec) -> dict[str, Any]:
         """What the files would train for ``spec`` now (:func:`~.methods.training_identity`), per
@@ -183,14 +247,31 @@ class RunCache:
             return None
         return Run(saved["iterations"], saved["curve"])
 
+    def start(self, spec: RunSpec) -> Start | None:
+        """The cached shorter run of ``spec`` that this protocol extends, when its checkpoint is here."""
+        path, checkpoint = self.path(spec), self.checkpoint(spec)
+        if not (path.is_file() and checkpoint.is_file()):
+            return None
+        saved = json.loads(path.read_text())
+        fields = saved.get("identity", {}).get("protocol", {})
+        if set(fields) != {f.name for f in dataclass_fields(Protocol)}:
+            return None
+        if not self.protocol.extends(Protocol(**fields)) or training_identity(saved["config"]) != self.identity(spec):
+            return None
+        if saved.get("checkpoint_sha256") != sha256(checkpoint):
+            return None  # the checkpoint is not the one this record ended with (an interrupted save)
+        return Start(Run(saved["iterations"], saved["curve"]), saved["seconds"], checkpoint)
+
     def get(self, spec: RunSpec, *, train_missing: bool = True) -> Run | None:
         """The cached run, or (``train_missing``) a new one trained now and saved."""
         run = self.load(spec)
         if run is not None or not train_missing:
             return run
         started = time.perf_counter()
-        run, record, _ = train(spec, self.protocol)
+        start = self.start(spec)
         self.folder.mkdir(parents=True, exist_ok=True)
+        checkpoint = self.checkpoint(spec).with_suffix(f".ckpt-tmp{os.getpid()}")
+        run, record, _ = train(spec, self.protocol, start=start, checkpoint=checkpoint)
         tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(
             json.dumps(
@@ -199,17 +280,21 @@ class RunCache:
                     "spec": asdict(spec),
                     "threads": torch.get_num_threads(),
                     "torch": torch.__version__,
-                    "seconds": time.perf_counter() - started,
+                    "checkpoint_sha256": sha256(checkpoint),
+                    # an extended run's seconds include its shorter run's
+                    "seconds": (start.seconds if start else 0.0) + time.perf_counter() - started,
                     **record,
                     "iterations": run.iterations,
                     "curve": run.curve,
                 }
             )
         )
+        checkpoint.replace(self.checkpoint(spec))
         tmp.replace(self.path(spec))  # never a half-written record
         first, last = run.curve[0], run.curve[-1]
+        how = f"extended from {len(start.run.iterations)} iterations, " if start else ""
         print(
-            f"{spec.key}: {len(run.iterations)} iterations, {last['units']:.0f} units, held-out reward "
+            f"{spec.key}: {how}{len(run.iterations)} iterations, {last['units']:.0f} units, held-out reward "
             f"{first['reward']:.3f} -> {last['reward']:.3f} in {time.perf_counter() - started:.0f} s",
             flush=True,
         )

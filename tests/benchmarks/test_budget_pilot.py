@@ -54,3 +54,12 @@ def test_an_evaluation_just_past_the_cut_is_interpolated_not_dropped() -> None:
     b = shifted([0.10, 0.21, 0.29, 0.41, 0.44, 0.47, 0.45])
     rows = {r["budget"]: r for r in budget_pilot.checks([a, b], every=10.0, budget=60.0)}
     assert rows[40.0]["mean_reward"][-1] == pytest.approx(0.435)
+
+
+def test_the_rate_is_the_one_the_comparison_chose_whatever_protocol_its_runs_had(tmp_path, capsys) -> None:
+    (tmp_path / "results.json").write_text('{"sweep": {"mixgrpo": {"chosen_lr": 0.0003}}}')
+    assert budget_pilot.chosen_rate(tmp_path, "mixgrpo") == 3e-4
+    with pytest.raises(SystemExit, match="no chosen rate for flowgrpo: give --lr"):
+        budget_pilot.chosen_rate(tmp_path, "flowgrpo")
+    with pytest.raises(SystemExit, match="no chosen rate"):
+        budget_pilot.chosen_rate(tmp_path / "nothing", "mixgrpo")

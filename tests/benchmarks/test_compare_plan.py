@@ -121,6 +121,18 @@ def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_p
     assert tree["final"]["mean"] == pytest.approx(0.73) and dance["final"]["mean"] == pytest.approx(
         (0.7 + 0.7 + 0.68) / 3
     )
+    # dancegrpo's seed 2 peaks before its end: 0.68 then; treegrpo ends at its best on every seed
+    write(cache, RunSpec("dancegrpo", 3e-4, 2), [0.5, 0.55, 0.6, 0.75, 0.68])
+    results = report.summarise(cache, DESIGN)
+    tree, dance = results["methods"]["treegrpo"], results["methods"]["dancegrpo"]
+    assert tree["drop"]["mean"] == pytest.approx(0.0) and tree["peak"]["mean"] == pytest.approx(0.73)
+    assert dance["peak"]["mean"] == pytest.approx((0.7 + 0.7 + 0.75) / 3) and dance["drop"]["mean"] == pytest.approx(
+        0.07 / 3
+    )
+    assert dance["final"]["mean"] == pytest.approx((0.7 + 0.7 + 0.68) / 3)
+    write(cache, RunSpec("dancegrpo", 3e-4, 2), [0.5, 0.55, 0.6, 0.65, 0.68])
+    results = report.summarise(cache, DESIGN)
+    tree, dance = results["methods"]["treegrpo"], results["methods"]["dancegrpo"]
     # paired final differences 0.02, 0.03, 0.06: all positive, so resolved
     diff = results["pairs"]["treegrpo - dancegrpo"]["final"]
     assert diff["mean"] == pytest.approx((0.02 + 0.03 + 0.06) / 3) and diff["resolved"]
