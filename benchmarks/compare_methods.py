@@ -7,10 +7,11 @@ trains. The protocol (docs/benchmarks.md) is fixed in code before any run:
 ``benchmarks/compare/plan.py`` (sweep, rule, targets, seeds), ``benchmarks/compare/runs.py``
 (budget, evaluations), ``benchmarks/compare/stats.py`` (confidence intervals).
 
-    python benchmarks/compare_methods.py --work --out benchmarks/results/shapes_cpu    # train (resumable;
-                                                                 # two such processes share the runs)
-    python benchmarks/compare_methods.py --report --out benchmarks/results/shapes_cpu  # results.json, plots
-    python benchmarks/compare_methods.py --timing --out benchmarks/results/shapes_cpu  # seconds per unit
+    python benchmarks/compare_methods.py --work --out benchmarks/results/shapes_cpu_long    # train (resumable;
+                                                             # two such processes share the runs)
+    python benchmarks/compare_methods.py --report --out benchmarks/results/shapes_cpu_long  # results.json, plots
+    python benchmarks/compare_methods.py --timing --out benchmarks/results/shapes_cpu_long  # seconds per unit
+    python benchmarks/compare_methods.py --report --design 300k --out benchmarks/results/shapes_cpu  # the first one
     python benchmarks/compare_methods.py --quick --out runs/bench                      # < 10 min, 2 cores
 """
 
