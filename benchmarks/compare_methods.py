@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import plan, report  # noqa: E402
+from compare import plan, plots, report  # noqa: E402
 from compare.methods import VARIANT_OF, RunSpec  # noqa: E402
 from compare.runs import RunCache, timing  # noqa: E402
 
@@ -134,7 +134,7 @@ def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Pat
     saved = out / "timing.json"
     results = report.summarise(cache, design, json.loads(saved.read_text()) if saved.is_file() else None)
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, allow_nan=False))
-    for path in report.plots(results, out) if results["methods"] else []:
+    for path in plots.draw(results, out) if results["methods"] else []:
         print(f"wrote {path}")
     results = json.loads((out / "results.json").read_text())  # the tables format what the file holds
     text = report.tables(results)
