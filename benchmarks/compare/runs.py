@@ -271,7 +271,11 @@ class RunCache:
         start = self.start(spec)
         self.folder.mkdir(parents=True, exist_ok=True)
         checkpoint = self.checkpoint(spec).with_suffix(f".ckpt-tmp{os.getpid()}")
-        run, record, _ = train(spec, self.protocol, start=start, checkpoint=checkpoint)
+        try:
+            run, record, _ = train(spec, self.protocol, start=start, checkpoint=checkpoint)
+        except BaseException:
+            checkpoint.unlink(missing_ok=True)  # a failed run leaves no half state behind
+            raise
         tmp = self.path(spec).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(
             json.dumps(
