@@ -237,7 +237,7 @@ def headline_sentence(report: dict[str, Any]) -> str:
     if not parts:
         return (
             "No result yet: the method comparison is under way and none of its reported seeds has been "
-            "trained, so it ranks no method (docs/results.md shows the learning-rate sweep so far)."
+            "trained, so it ranks no method (its report shows the learning-rate sweep so far)."
         )
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
     over = f"{n}" if len(set(counts)) <= 1 else f"{min(counts)} to {max(counts)}"
