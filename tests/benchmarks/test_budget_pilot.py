@@ -63,3 +63,27 @@ def test_the_rate_is_the_one_the_comparison_chose_whatever_protocol_its_runs_had
         budget_pilot.chosen_rate(tmp_path, "flowgrpo")
     with pytest.raises(SystemExit, match="no chosen rate"):
         budget_pilot.chosen_rate(tmp_path / "nothing", "mixgrpo")
+
+
+def test_the_long_designs_budget_rests_on_the_committed_pilots() -> None:
+    """compare/plan.py's LONG budget and docs/benchmarks.md quote the pilots: MixGRPO's two-seed mean
+    flat at 480k-540k even at the noise of a ten-seed mean (two units of 0.0019), TreeGRPO's peak at
+    360k. A rerun of the pilots that moves these must move the budget's reasoning with it."""
+    import json
+    from pathlib import Path
+
+    from compare import plan
+
+    root = Path(__file__).resolve().parents[2]
+    pilots = root / "benchmarks" / "results" / "shapes_cpu_pilot"
+    mix = json.loads((pilots / "pilot_mixgrpo.json").read_text())
+    tree = json.loads((pilots / "pilot_treegrpo.json").read_text())
+    at = {c["budget"]: c for c in mix["checks"]}[plan.LONG.protocol.budget]
+    ys = at["mean_reward"]
+    centre = sum(ys) / 3
+    assert max(abs(y - centre) for y in ys) <= 2 * 0.0019
+    assert tree["peak"]["budget"] == 360_000.0 and mix["peak"]["mean_reward"] > tree["peak"]["mean_reward"]
+    assert plan.LONG.protocol.every == plan.FIRST.protocol.every  # so the long runs could extend
+    docs = (root / "docs" / "benchmarks.md").read_text()
+    assert ", ".join(f"{y:.4f}" for y in ys) + " at 480k-540k" in docs
+    assert f"peaks at {tree['peak']['mean_reward']:.3f} at 360k" in docs
