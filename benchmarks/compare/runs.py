@@ -234,29 +234,31 @@ class RunCache:
             self._identities[spec.method] = training_identity(resolved_config(spec))
         return self._identities[spec.method]
 
-    def load(self, spec: RunSpec) -> Run | None:
-        """The cached run of ``spec``, if it ran under this protocol and its recorded configuration
-        trains what the current files train."""
+    def _saved(self, spec: RunSpec) -> dict[str, Any] | None:
+        """The record of ``spec`` on disk, if its recorded configuration trains what the current
+        files train (whatever protocol it ran under)."""
         path = self.path(spec)
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-        if saved.get("identity", {}).get("protocol") != asdict(self.protocol):
-            return None
-        if training_identity(saved["config"]) != self.identity(spec):
+        return saved if training_identity(saved["config"]) == self.identity(spec) else None
+
+    def load(self, spec: RunSpec) -> Run | None:
+        """The cached run of ``spec``, if it ran under this protocol and its recorded configuration
+        trains what the current files train."""
+        saved = self._saved(spec)
+        if saved is None or saved.get("identity", {}).get("protocol") != asdict(self.protocol):
             return None
         return Run(saved["iterations"], saved["curve"])
 
     def start(self, spec: RunSpec) -> Start | None:
         """The cached shorter run of ``spec`` that this protocol extends, when its checkpoint is here."""
-        path, checkpoint = self.path(spec), self.checkpoint(spec)
-        if not (path.is_file() and checkpoint.is_file()):
+        checkpoint = self.checkpoint(spec)
+        saved = self._saved(spec) if checkpoint.is_file() else None
+        if saved is None:
             return None
-        saved = json.loads(path.read_text())
         fields = saved.get("identity", {}).get("protocol", {})
-        if set(fields) != {f.name for f in dataclass_fields(Protocol)}:
-            return None
-        if not self.protocol.extends(Protocol(**fields)) or training_identity(saved["config"]) != self.identity(spec):
+        if set(fields) != {f.name for f in dataclass_fields(Protocol)} or not self.protocol.extends(Protocol(**fields)):
             return None
         if saved.get("checkpoint_sha256") != sha256(checkpoint):
             return None  # the checkpoint is not the one this record ended with (an interrupted save)
