@@ -111,3 +111,14 @@ def test_the_quick_comparison_writes_the_protocols_schema_and_tables_of_its_numb
 
     assert (tmp_path / "report.md").read_text() == report.tables(saved) + "\n"  # formatted from the JSON
     assert saved["headline"] in capsys.readouterr().out
+
+
+def test_the_design_is_one_of_the_fixed_protocols(capsys) -> None:
+    import compare_methods
+    from compare import plan
+
+    assert plan.DESIGNS[compare_methods.parse(["--out", "x", "--report"]).design] is plan.FULL
+    with pytest.raises(SystemExit):
+        compare_methods.parse(["--out", "x", "--report", "--design", "999k"])
+    err = capsys.readouterr().err  # argparse quotes the choices differently across Python versions
+    assert "--design: invalid choice: '999k'" in err and "540k" in err and "300k" in err
