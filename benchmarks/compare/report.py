@@ -132,6 +132,8 @@ def pairs(methods: dict[str, Any], names: tuple[str, ...], seed: int) -> dict[st
     for a, b in itertools.combinations(names, 2):
         ma, mb = methods[a], methods[b]
         common = [s for s in ma["seeds"] if s in mb["seeds"]]
+        if len(common) < 2:  # while runs are under way: a pair needs two shared seeds for an interval
+            continue
         # called in this iteration only, so the late binding of `common` is what is meant
         pick = lambda m, key: [m[key + "_per_seed"][m["seeds"].index(s)] for s in common]  # noqa: E731, B023
         out[f"{a} - {b}"] = {
@@ -236,8 +238,9 @@ def headline_sentence(report: dict[str, Any]) -> str:
     parts = [f"{p}, {c} seeds)" if len(set(counts)) > 1 else f"{p})" for p, c in zip(parts, counts)]
     if not parts:
         return (
-            "No result yet: the method comparison is under way and none of its reported seeds has been "
-            "trained, so it ranks no method (its report shows the learning-rate sweep so far)."
+            "No result yet: the method comparison is under way and no two reported seeds have been trained "
+            "by both TreeGRPO and another headline method, so it ranks no method (its report shows the "
+            "learning-rate sweep so far)."
         )
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
     over = f"{n}" if len(set(counts)) <= 1 else f"{min(counts)} to {max(counts)}"

@@ -146,6 +146,26 @@ def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_p
     assert "dancegrpo +0.037" in results["headline"] and "(resolved)" in results["headline"]
 
 
+def test_the_headline_ranks_nothing_until_two_seeds_are_trained_by_treegrpo_and_another_method(tmp_path: Path) -> None:
+    cache = RunCache(tmp_path, PROTOCOL)
+    for m in ("treegrpo", "dancegrpo"):
+        for lr in (1e-4, 3e-4, 1e-3):
+            for seed in (100, 101):
+                write(cache, RunSpec(m, lr, seed), [0.5, 0.6, 0.6, 0.6, 0.7 if lr == 3e-4 else 0.6])
+    # two seeds of each method, but only seed 1 shared: no pair, no ranking
+    for seed in (0, 1):
+        write(cache, RunSpec("treegrpo", 3e-4, seed), [0.5, 0.7, 0.72, 0.72, 0.72])
+    for seed in (1, 2):
+        write(cache, RunSpec("dancegrpo", 3e-4, seed), [0.5, 0.55, 0.6, 0.7, 0.7])
+    results = report.summarise(cache, DESIGN)
+    assert not results["complete"] and results["pairs"] == {}
+    assert results["headline"].startswith("No result yet") and "both TreeGRPO and another" in results["headline"]
+    write(cache, RunSpec("dancegrpo", 3e-4, 0), [0.5, 0.55, 0.6, 0.7, 0.7])
+    results = report.summarise(cache, DESIGN)
+    assert results["pairs"]["treegrpo - dancegrpo"]["seeds"] == [0, 1]
+    assert results["headline"].startswith("Interim") and "dancegrpo +0.020" in results["headline"]
+
+
 def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_path: Path) -> None:
     cache = RunCache(tmp_path, PROTOCOL)
     spec = RunSpec("treegrpo", 3e-4, 0)
