@@ -49,15 +49,16 @@ def test_every_row_of_what_happens_when_names_tests_that_exist() -> None:
 
 def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
     """docs/results.md's generated region is report.md, which is the tables formatted from
-    benchmarks/results/shapes_cpu/results.json; the README's sentence is its headline (so a rerun
-    that changes them must regenerate both: compare_methods.py --report --docs)."""
+    benchmarks/results/shapes_cpu_long/results.json (the 540k comparison); the README's sentence is
+    its headline (so a rerun that changes them must regenerate both: compare_methods.py --report
+    --docs)."""
     import json
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from compare import report
 
-    out = REPO / "benchmarks" / "results" / "shapes_cpu"
+    out = REPO / "benchmarks" / "results" / "shapes_cpu_long"
     saved = json.loads((out / "results.json").read_text())
     import compare_methods
 
@@ -68,6 +69,31 @@ def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
     plots = compare_methods.plot_links(saved, out, DOCS / "results.md")
     assert report.generated_region((DOCS / "results.md").read_text()) == tables + plots
     assert report.generated_region((REPO / "README.md").read_text()) == saved["headline"]
+
+
+def test_the_results_prose_quotes_the_committed_comparison() -> None:
+    """The findings written under docs/results.md's tables (the plateau check, TreeGRPO against
+    MixGRPO at the budget and over it) are what benchmarks/results/shapes_cpu_long/results.json
+    holds: a rerun that moves them must rewrite the prose too."""
+    import json
+
+    saved = json.loads((REPO / "benchmarks" / "results" / "shapes_cpu_long" / "results.json").read_text())
+    text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
+    flat = saved["flattening"]
+    assert flat["method"] == "treegrpo" and not flat["flat"]
+    assert "The plateau check fails at 540k." in text
+    assert ", ".join(f"{y:.4f}" for y in flat["mean_reward"]) in text
+    assert f"evaluation noise of {flat['evaluation_noise']:.4f}" in text
+    pair = saved["pairs"]["treegrpo - mixgrpo"]
+    final, auc = pair["final"], pair["auc"]
+    assert not final["resolved"] and auc["resolved"] and auc["mean"] < 0
+    assert f"{final['mean']:+.3f} [{final['lo']:+.3f}, {final['hi']:+.3f}] over 10 paired seeds, not resolved" in text
+    assert f"TreeGRPO's by {-auc['mean']:.4f} [{-auc['hi']:.4f}, {-auc['lo']:.4f}]" in text
+    for other in ("flowgrpo", "dancegrpo", "branchgrpo"):
+        d = saved["pairs"][f"treegrpo - {other}"]["final"]
+        assert d["resolved"] and f"({d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])" in text, other
+    mix = saved["methods"]["mixgrpo"]
+    assert f"{mix['final']['mean']:.3f}, than its three sweep seeds" in text
 
 
 def test_the_results_quote_the_committed_step_noise_table() -> None:
