@@ -11,6 +11,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
+COMPARISON = REPO / "benchmarks" / "results" / "shapes_cpu_long"  # the comparison the docs report
 
 
 def test_the_concepts_python_example_runs() -> None:
@@ -58,7 +59,7 @@ def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from compare import report
 
-    out = REPO / "benchmarks" / "results" / "shapes_cpu_long"
+    out = COMPARISON
     saved = json.loads((out / "results.json").read_text())
     import compare_methods
 
@@ -77,7 +78,7 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     holds: a rerun that moves them must rewrite the prose too."""
     import json
 
-    saved = json.loads((REPO / "benchmarks" / "results" / "shapes_cpu_long" / "results.json").read_text())
+    saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
     flat = saved["flattening"]
     assert flat["method"] == "treegrpo" and not flat["flat"]
