@@ -13,7 +13,7 @@ two processes share them and an interrupted pilot resumes; a longer ``--budget``
     python benchmarks/budget_pilot.py --method treegrpo --budget 900000 --seeds 100 101 \\
         --out benchmarks/results/shapes_cpu_pilot          # train (two processes may share)
     python benchmarks/budget_pilot.py --method treegrpo --budget 900000 --seeds 100 101 \\
-        --out benchmarks/results/shapes_cpu_pilot --report  # the check at every point, pilot_treegrpo.json
+        --out benchmarks/results/shapes_cpu_pilot --report  # the check at every point, pilot_treegrpo_lr0.0001.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from compare import plan, report  # noqa: E402
 from compare.methods import RunSpec  # noqa: E402
 from compare.runs import Protocol, RunCache  # noqa: E402
 
-COMPARISON = Path(__file__).resolve().parent / "results" / "shapes_cpu"
+COMPARISON = Path(__file__).resolve().parent / "results" / "shapes_cpu_long"  # the comparison the docs report
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +48,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lr", type=float, help="the rate to train (default: the one the comparison in --from chose)")
     p.add_argument(
-        "--report", action="store_true", help="print the flatness check at every point; write pilot_<method>.json"
+        "--report",
+        action="store_true",
+        help="print the flatness check at every point; write pilot_<method>_lr<lr>.json",
     )
     args = p.parse_args(argv)
     if args.method not in plan.HEADLINE:
@@ -70,6 +72,12 @@ def chosen_rate(source: Path, method: str) -> float:
     if chosen is None:
         raise SystemExit(f"{path} has no chosen rate for {method}: give --lr, or --from a finished comparison")
     return float(chosen)
+
+
+def pilot_name(method: str, lr: float) -> str:
+    """The pilot's file: one per method and rate, so that a pilot at another rate (the one a longer
+    comparison's sweep chose) sits beside the earlier one instead of replacing it."""
+    return f"pilot_{method}_lr{lr:g}.json"
 
 
 def checks(runs: list[Any], every: float, budget: float) -> list[dict[str, Any]]:
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     peak = max(means, key=lambda m: m[1])
     result = {"method": args.method, "lr": lr, "seeds": args.seeds, "every": args.every, "checks": rows,
               "first_flat_budget": first_flat, "peak": {"budget": peak[0], "mean_reward": peak[1]}}  # fmt: skip
-    (args.out / f"pilot_{args.method}.json").write_text(json.dumps(result, indent=1))
+    (args.out / pilot_name(args.method, lr)).write_text(json.dumps(result, indent=1))
     for r in rows:
         ys = ", ".join(f"{y:.4f}" for y in r["mean_reward"])
         print(f"{r['budget']:>9.0f} units: last three {ys}, noise {r['evaluation_noise']:.4f}: "

@@ -63,8 +63,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--design",
         choices=[d for d in plan.DESIGNS if d != "quick"],
         default=next(k for k, d in plan.DESIGNS.items() if d is plan.FULL),
-        help="which fixed protocol (compare/plan.py: DESIGNS): 540k is the current comparison's "
-        "(benchmarks/results/shapes_cpu_long), 300k the first one's (benchmarks/results/shapes_cpu)",
+        help="which fixed protocol (compare/plan.py: DESIGNS): 540k is the reported comparison's "
+        "(benchmarks/results/shapes_cpu_long), 750k the next one's (benchmarks/results/shapes_cpu_750k), "
+        "300k the first one's (benchmarks/results/shapes_cpu)",
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(

@@ -53,6 +53,13 @@ class Design:
 # runs of a longer design extend these from their checkpoints (runs.RunCache.start).
 FIRST = Design(protocol=Protocol(budget=300_000.0, evaluations=10))
 LONG = Design(protocol=Protocol(budget=540_000.0, evaluations=18))
+# At 540k (benchmarks/results/shapes_cpu_long) the sweep chose TreeGRPO's 1e-4, the best final mean,
+# and its curve had not flattened. A pilot of TreeGRPO at 1e-4 (sweep seeds 100 and 101, to 1.08M
+# units) then fixed this design before its runs: its mean peaks at 0.805 at 630k, holds 0.79-0.80 to
+# 960k and falls after 990k; at 750k its last three evaluations are flat even at the noise of a
+# ten-seed mean, and 750k is inside MixGRPO's pilot plateau (0.80-0.82 from 450k to 750k). The
+# evaluation spacing stays 30k, so the 540k runs extend from their checkpoints.
+PLATEAU = Design(protocol=Protocol(budget=750_000.0, evaluations=25))
 FULL = LONG
 QUICK = Design(
     protocol=Protocol(budget=15_000.0, evaluations=3, eval_seeds=2),
@@ -62,7 +69,7 @@ QUICK = Design(
     grids={m: (g[1],) for m, g in GRIDS.items()},  # one rate: the quick run checks the machinery, not the rates
     variants=(),
 )
-DESIGNS = {"540k": LONG, "300k": FIRST, "quick": QUICK}
+DESIGNS = {"540k": LONG, "750k": PLATEAU, "300k": FIRST, "quick": QUICK}
 """The designs ``compare_methods.py --design`` names; ``FULL`` is the one the docs report."""
 
 

@@ -76,8 +76,8 @@ def test_the_long_designs_budget_rests_on_the_committed_pilots() -> None:
 
     root = Path(__file__).resolve().parents[2]
     pilots = root / "benchmarks" / "results" / "shapes_cpu_pilot"
-    mix = json.loads((pilots / "pilot_mixgrpo.json").read_text())
-    tree = json.loads((pilots / "pilot_treegrpo.json").read_text())
+    mix = json.loads((pilots / "pilot_mixgrpo_lr0.0003.json").read_text())
+    tree = json.loads((pilots / "pilot_treegrpo_lr0.0003.json").read_text())
     at = {c["budget"]: c for c in mix["checks"]}[plan.LONG.protocol.budget]
     ys = at["mean_reward"]
     centre = sum(ys) / 3
@@ -87,3 +87,41 @@ def test_the_long_designs_budget_rests_on_the_committed_pilots() -> None:
     docs = (root / "docs" / "benchmarks.md").read_text()
     assert ", ".join(f"{y:.4f}" for y in ys) + " at 480k-540k" in docs
     assert f"peaks at {tree['peak']['mean_reward']:.3f} at 360k" in docs
+
+
+def test_pilots_of_one_method_at_two_rates_keep_both_files() -> None:
+    # the 540k comparison's sweep chose TreeGRPO's 1e-4; its pilot must not replace the one at 3e-4
+    assert budget_pilot.pilot_name("treegrpo", 3e-4) == "pilot_treegrpo_lr0.0003.json"
+    assert budget_pilot.pilot_name("treegrpo", 1e-4) == "pilot_treegrpo_lr0.0001.json"
+
+
+def test_the_plateau_designs_budget_rests_on_the_committed_tree_pilot() -> None:
+    """compare/plan.py's PLATEAU budget (750k) and docs/benchmarks.md quote the pilot of TreeGRPO at
+    the rate the 540k sweep chose: its two-seed mean flat at 690k-750k even at the noise of a
+    ten-seed mean, inside MixGRPO's pilot, and before the tree pilot's highest point turns into a
+    fall. A rerun of the pilot that moves these must move the budget's reasoning with it."""
+    import json
+    from pathlib import Path
+
+    from compare import plan
+
+    root = Path(__file__).resolve().parents[2]
+    pilots = root / "benchmarks" / "results" / "shapes_cpu_pilot"
+    tree = json.loads((pilots / "pilot_treegrpo_lr0.0001.json").read_text())
+    mix = json.loads((pilots / "pilot_mixgrpo_lr0.0003.json").read_text())
+    chosen = json.loads((root / "benchmarks" / "results" / "shapes_cpu_long" / "results.json").read_text())
+    assert tree["lr"] == chosen["sweep"]["treegrpo"]["chosen_lr"] and tree["seeds"] == [100, 101]
+    budget = plan.PLATEAU.protocol.budget
+    at = {c["budget"]: c for c in tree["checks"]}[budget]
+    ten_seed_noise = at["evaluation_noise"] * (len(tree["seeds"]) / 10) ** 0.5
+    ys = at["mean_reward"]
+    centre = sum(ys) / 3
+    assert max(abs(y - centre) for y in ys) <= 2 * ten_seed_noise
+    assert max(c["budget"] for c in mix["checks"]) >= budget  # MixGRPO's pilot reaches it
+    ends = tree["checks"][-1]["mean_reward"][-1]
+    assert tree["peak"]["budget"] < budget and ends < min(ys) - 0.02  # the late fall lies past the budget
+    assert plan.PLATEAU.protocol.every == plan.LONG.protocol.every  # so the 540k runs can extend
+    docs = (root / "docs" / "benchmarks.md").read_text()
+    assert "(" + ", ".join(f"{y:.4f}" for y in ys) + " at 690k-750k)" in docs
+    assert f"rises to {tree['peak']['mean_reward']:.3f} at {tree['peak']['budget'] / 1000:.0f}k" in docs
+    assert f"({ends:.3f} at 1.08M)" in docs
