@@ -35,6 +35,9 @@ from compare import plan, plots, report  # noqa: E402
 from compare.methods import VARIANT_OF, RunSpec  # noqa: E402
 from compare.runs import RunCache, timing  # noqa: E402
 
+STOP = "STOP"
+"""A file of this name in ``runs/`` tells every ``--work`` process to stop after its current run."""
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -46,7 +49,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--work",
         action="store_true",
         help="train every run the protocol needs (sweep first), "
-        "skipping runs that are cached or that another process is training",
+        "skipping runs that are cached or that another process is training; "
+        f"`touch OUT/runs/{STOP}` ends every such process after its current run",
     )
     mode.add_argument(
         "--report", action="store_true", help="statistics, results.json, plots and tables from the cached runs"
@@ -86,8 +90,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: float = 30.0) -> None:
-    """Train what the plan needs until nothing is left; wait while other processes hold the rest."""
+    """Train what the plan needs until nothing is left; wait while other processes hold the rest.
+    Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
+    stop = cache.folder / STOP
     while True:
+        if stop.exists():
+            print(f"{stop} exists: stopping before the next run (delete it to go on)", flush=True)
+            return
         pending = [s for s in plan.jobs(cache, design, variants=variants) if cache.load(s) is None]
         if not pending:
             print("nothing left to train", flush=True)

@@ -122,3 +122,28 @@ def test_the_design_is_one_of_the_fixed_protocols(capsys) -> None:
         compare_methods.parse(["--out", "x", "--report", "--design", "999k"])
     err = capsys.readouterr().err  # argparse quotes the choices differently across Python versions
     assert "--design: invalid choice: '999k'" in err and "540k" in err and "300k" in err
+
+
+def test_a_stop_file_ends_the_workers_between_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`touch OUT/runs/STOP` ends `--work` after the run in hand: the queue logic is what is tested,
+    so training is replaced by a record of which runs were asked for."""
+    import compare_methods
+    from compare import plan
+    from compare.runs import RunCache
+
+    cache = RunCache(tmp_path, plan.QUICK.protocol)
+    trained: list[str] = []
+
+    def get(spec: RunSpec, **_) -> None:
+        if trained:
+            raise AssertionError(f"a run started after STOP: {spec.key}")  # (nothing is saved: it would loop)
+        trained.append(spec.key)
+        (cache.folder / compare_methods.STOP).touch()  # the user asks for a stop while this run trains
+
+    monkeypatch.setattr(cache, "get", get)
+    compare_methods.work(cache, plan.QUICK, poll=0.0)
+    assert len(trained) == 1  # the run in hand finished; no further run started
+    assert "STOP exists: stopping before the next run" in capsys.readouterr().out
+    compare_methods.work(cache, plan.QUICK, poll=0.0)  # a new worker while the file is there: no run
+    assert len(trained) == 1
+    assert not list(cache.folder.glob("*.claim"))  # the finished run's claim was released
