@@ -11,6 +11,7 @@ trains. The protocol (docs/benchmarks.md) is fixed in code before any run:
                                                              # two such processes share the runs)
     python benchmarks/compare_methods.py --report --out benchmarks/results/shapes_cpu_long  # results.json, plots
     python benchmarks/compare_methods.py --timing --out benchmarks/results/shapes_cpu_long  # seconds per unit
+    python benchmarks/compare_methods.py --status --design 750k --out benchmarks/results/shapes_cpu_750k  # how far
     python benchmarks/compare_methods.py --report --design 300k --out benchmarks/results/shapes_cpu  # the first one
     python benchmarks/compare_methods.py --quick --out runs/bench                      # < 10 min, 2 cores
 """
@@ -56,6 +57,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--report", action="store_true", help="statistics, results.json, plots and tables from the cached runs"
     )
     mode.add_argument("--timing", action="store_true", help="seconds per compute unit of each method, side by side")
+    mode.add_argument(
+        "--status",
+        action="store_true",
+        help="where the design stands: each sweep's plateaus and choice, the runs done and known to "
+        "go (those that extend a shorter run), and the core-hours they need",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -82,7 +89,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the protocol's)")
     args = p.parse_args(argv)
-    if not (args.work or args.report or args.timing):
+    if not (args.work or args.report or args.timing or args.status):
         if not args.quick:
             p.error("choose --work, --report or --timing (or --quick for all three on the small protocol)")
         args.work = args.timing = args.report = True
@@ -103,6 +110,38 @@ def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: floa
             return
         if next(cache.work(pending), None) is None:  # all pending runs are another process's
             time.sleep(poll)
+
+
+def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
+    """The text of ``--status``."""
+    now = plan.progress(cache, design, variants=variants)
+    lines = [f"{design.protocol.budget:,.0f} units per run, runs in {cache.folder}"]
+    for m, sweep in now.sweeps.items():
+        rates = " | ".join(
+            f"{lr:g}: " + " ".join("..." if p is None else f"{p:.3f}" for p in plateaus)
+            for lr, plateaus in sorted(sweep.rates.items())
+        )
+        chosen = "not yet" if sweep.chosen is None else f"{sweep.chosen:g}"
+        runs = [s for s in now.done if s.method == m and s.seed not in design.sweep_seeds]
+        lines.append(
+            f"  {m:<18} sweep plateaus {rates}; chosen {chosen}; reported {len(runs)}/{len(design.report_seeds)}"
+        )
+    if variants and design.variants:
+        runs = [s for s in now.done if s.method in design.variants]
+        lines.append(f"  variants: {len(runs)}/{len(design.variants) * len(design.variant_seeds)} runs")
+    cost = (
+        ""
+        if now.seconds_left is None
+        else (
+            f": about {now.seconds_left / 3600:.1f} h on one core ({now.seconds_left / 7200:.1f} h with two --work processes)"
+        )
+    )
+    lines.append(
+        f"{len(now.done)} runs done, {len(now.pending)} known to go ({len(now.extending)} extend a shorter run){cost}; "
+        "a sweep whose best rate is at its grid's edge adds a rate, and reported seeds and variants are "
+        "known once their method's sweep has chosen"
+    )
+    return "\n".join(lines)
 
 
 def timed(cache: RunCache, design: plan.Design, rounds: int, iterations: int) -> dict[str, Any]:
@@ -167,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args.out.mkdir(parents=True, exist_ok=True)
     design = plan.QUICK if args.quick else plan.DESIGNS[args.design]
     cache = RunCache(args.out, design.protocol)
+    if args.status:
+        print(status(cache, design, variants=not args.no_variants))
+        return None
     if args.work:
         work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0)
     if args.timing:

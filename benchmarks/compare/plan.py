@@ -14,6 +14,7 @@ seeds at the chosen rates.
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,3 +161,41 @@ def jobs(cache: RunCache, design: Design = FULL, *, variants: bool = True) -> li
                 if lr is not None:
                     out.append(RunSpec(v, lr, seed))
     return out
+
+
+@dataclass
+class Progress:
+    """Where a design stands, for ``compare_methods.py --status``."""
+
+    sweeps: dict[str, Sweep]
+    done: list[RunSpec]
+    pending: list[RunSpec]  # known now: a sweep whose best rate is at an edge adds a rate later
+    extending: list[RunSpec]  # the pending runs that go on from a shorter run's checkpoint
+    seconds_left: float | None  # on one core, at the finished runs' seconds per unit (None: none finished)
+
+
+def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -> Progress:
+    """What is trained, what is known to be left, and its cost: each pending run's units still to
+    train (the budget, less a shorter run's where it extends one) times its method's seconds per
+    unit in the finished runs (all methods' mean for a method with none)."""
+    done: list[RunSpec] = []
+    rates: dict[str, list[float]] = {}
+    for path in sorted(cache.folder.glob("*.json")):  # every run of this protocol, a moved grid's too
+        record = json.loads(path.read_text())
+        spec = RunSpec(**record["spec"])
+        if cache.load(spec) is None:
+            continue
+        done.append(spec)
+        if record.get("seconds"):
+            rates.setdefault(spec.method, []).append(record["seconds"] / record["curve"][-1]["units"])
+    pending = [s for s in jobs(cache, design, variants=variants) if s not in done]
+    every = [r for rs in rates.values() for r in rs]
+    starts = {s: cache.start(s) for s in pending}
+    seconds = None
+    if every:
+        seconds = sum(
+            (design.protocol.budget - (start.run.curve[-1]["units"] if start else 0.0))
+            * statistics.fmean(rates.get(spec.method, every))
+            for spec, start in starts.items()
+        )
+    return Progress(sweeps_of(cache, design), done, pending, [s for s, st in starts.items() if st], seconds)

@@ -24,8 +24,9 @@ DESIGN = plan.Design(
 )
 
 
-def write(cache: RunCache, spec: RunSpec, rewards: list[float]) -> None:
-    """A run record whose held-out curve is ``rewards`` at 0, 25, 50, 75, 100 units."""
+def write(cache: RunCache, spec: RunSpec, rewards: list[float], **extra: object) -> None:
+    """A run record whose held-out curve is ``rewards`` at 0, 25, 50, 75, 100 units (and ``extra``
+    fields, e.g. the run's seconds)."""
     points = [
         {"units": 25.0 * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001, "reward_per_seed": [r, r]}
         for i, r in enumerate(rewards)
@@ -40,6 +41,7 @@ def write(cache: RunCache, spec: RunSpec, rewards: list[float]) -> None:
                 "config": resolved_config(spec),
                 "iterations": its,
                 "curve": points,
+                **extra,
             }
         )
     )
@@ -231,3 +233,32 @@ def test_an_interim_headline_gives_each_pair_its_own_seed_count_when_they_differ
     partial["methods"]["flowgrpo"]["n"] = 5
     text = report.headline_sentence(partial)
     assert "over 5 paired seeds" in text and "(resolved)" in text and "seeds)" not in text
+
+
+def test_the_status_counts_the_runs_left_and_prices_them_at_each_methods_seconds_per_unit(
+    tmp_path: Path, capsys
+) -> None:
+    import hashlib
+
+    import compare_methods
+
+    cache = RunCache(tmp_path, PROTOCOL)
+    for lr, p in {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.6}.items():  # dancegrpo's sweep chooses 3e-4
+        for seed in (100, 101):
+            write(cache, RunSpec("dancegrpo", lr, seed), [0.5, p, p, p, p], seconds=100.0)  # 1 s per unit
+    write(cache, RunSpec("treegrpo", 1e-4, 100), [0.5, 0.6, 0.7, 0.7, 0.7], seconds=50.0)  # 0.5 s per unit
+    # dancegrpo's reported seed 0 ran to 50 units under a shorter protocol and left its checkpoint
+    shorter = RunCache(tmp_path, Protocol(budget=50.0, evaluations=2, eval_seeds=2))
+    spec = RunSpec("dancegrpo", 3e-4, 0)
+    cache.checkpoint(spec).write_bytes(b"state")
+    write(shorter, spec, [0.5, 0.6, 0.65], seconds=50.0, checkpoint_sha256=hashlib.sha256(b"state").hexdigest())
+    now = plan.progress(cache, DESIGN)
+    assert len(now.done) == 7  # the shorter run is not this protocol's
+    assert sorted((s.method, s.seed) for s in now.pending if s.seed < 100) == [("dancegrpo", k) for k in (0, 1, 2)]
+    assert len(now.pending) == 5 + 3 and now.extending == [spec]
+    # treegrpo: 5 sweep runs x 100 units x 0.5 s; dancegrpo: 2 reported x 100 x 1 s, and 50 units left of seed 0
+    assert now.seconds_left == pytest.approx(250.0 + 200.0 + 50.0)
+    text = compare_methods.status(cache, DESIGN)
+    assert "0.0003: 0.700 0.700 | 0.001: 0.600 0.600; chosen 0.0003; reported 0/3" in text
+    assert "0.0001: 0.700 ... | 0.0003: ... ..." in text
+    assert "7 runs done, 8 known to go (1 extend a shorter run): about 0.1 h on one core" in text
