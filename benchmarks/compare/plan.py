@@ -148,9 +148,17 @@ def sweeps_of(cache: RunCache, design: Design = FULL) -> dict[str, Sweep]:
     return {m: sweep_of(cache, m, design) for m in design.headline}
 
 
-def jobs(cache: RunCache, design: Design = FULL, *, variants: bool = True) -> list[RunSpec]:
-    """Every run the protocol needs now, in the order to train them (sweeps first)."""
-    sweeps = sweeps_of(cache, design)
+def jobs(
+    cache: RunCache,
+    design: Design = FULL,
+    *,
+    variants: bool = True,
+    sweeps: dict[str, Sweep] | None = None,
+) -> list[RunSpec]:
+    """Every run the protocol needs now, in the order to train them (sweeps first). ``sweeps``, when
+    the caller has already built them from ``cache``, saves reading every sweep record again."""
+    if sweeps is None:
+        sweeps = sweeps_of(cache, design)
     out = [RunSpec(m, lr, s) for m in design.headline for lr in sweeps[m].grid for s in design.sweep_seeds]
     for seed in design.report_seeds:  # seed-major: every method's seed k before seed k + 1
         out += [RunSpec(m, sweeps[m].chosen, seed) for m in design.headline if sweeps[m].chosen is not None]
@@ -188,7 +196,8 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
         done.append(spec)
         if record.get("seconds"):
             rates.setdefault(spec.method, []).append(record["seconds"] / record["curve"][-1]["units"])
-    pending = [s for s in jobs(cache, design, variants=variants) if s not in done]
+    sweeps = sweeps_of(cache, design)
+    pending = [s for s in jobs(cache, design, variants=variants, sweeps=sweeps) if s not in done]
     every = [r for rs in rates.values() for r in rs]
     starts = {s: cache.start(s) for s in pending}
     seconds = None
@@ -198,4 +207,4 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
             * statistics.fmean(rates.get(spec.method, every))
             for spec, start in starts.items()
         )
-    return Progress(sweeps_of(cache, design), done, pending, [s for s, st in starts.items() if st], seconds)
+    return Progress(sweeps, done, pending, [s for s, st in starts.items() if st], seconds)
