@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -93,6 +93,27 @@ def cast_components(components: dict[str, Any], torch_dtype: str, keep_float32: 
         target = torch.float32 if name in keep_float32 else dtype
         if isinstance(component, nn.Module) and any(p.dtype != target for p in component.parameters()):
             component.to(target)  # only then: diffusers' models warn about any dtype cast
+
+
+Pipeline = TypeVar("Pipeline")
+
+
+def pipeline_from(
+    pretrained: str | Path | object,
+    pipeline_class: type[Pipeline],
+    torch_dtype: str,
+    load: Callable[[str], Pipeline],
+    keep_float32: Sequence[str] = (),
+) -> Pipeline:
+    """An adapter's pipeline, whichever way it is given: ``load(path)`` for a local folder or hub id,
+    or ``pretrained`` itself when it is a built ``pipeline_class``, cast as :func:`cast_components`
+    says (so ``torch_dtype`` means the same both ways)."""
+    if isinstance(pretrained, (str, Path)):
+        return load(str(pretrained))
+    if isinstance(pretrained, pipeline_class):
+        cast_components(pretrained.components, torch_dtype, keep_float32)  # type: ignore[attr-defined]
+        return pretrained
+    raise TypeError(f"pretrained must be a path, hub id or {pipeline_class.__name__}, got {type(pretrained)}")
 
 
 class ScheduleTables:

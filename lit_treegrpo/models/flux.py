@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, parse_dtype
+from .base import Cond, load_component, parse_dtype, pipeline_from
 from .flow import FlowMatchingAdapter
 from .lora import FLUX_LORA_TARGETS, LoraSettings
 from .text import check_tokenizer, quiet_truncation_logs
@@ -119,13 +119,12 @@ class FluxAdapter(FlowMatchingAdapter):
             raise ValueError(f"max_sequence_length must be in 1..512 (FLUX's T5 limit), got {max_sequence_length}")
         self.true_cfg_scale = true_cfg_scale
         self.max_sequence_length = max_sequence_length
-        if isinstance(pretrained, (str, Path)):
-            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
-        elif isinstance(pretrained, FluxPipeline):
-            pipe = pretrained
-            cast_components(pipe.components, torch_dtype)
-        else:
-            raise TypeError(f"pretrained must be a path, hub id or FluxPipeline, got {type(pretrained)}")
+        pipe = pipeline_from(
+            pretrained,
+            FluxPipeline,
+            torch_dtype,
+            lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant),
+        )
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand
         self.denoiser = pipe.transformer
         self.vae = pipe.vae

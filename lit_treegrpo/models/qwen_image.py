@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, load_pipeline_index, parse_dtype
+from .base import Cond, load_component, load_pipeline_index, parse_dtype, pipeline_from
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 from .text import check_tokenizer, quiet_truncation_logs
@@ -126,13 +126,12 @@ class QwenImageAdapter(FlowMatchingAdapter):
                 f"max_sequence_length must be in 1..1024 (QwenImagePipeline's limit), got {max_sequence_length}"
             )
         self.max_sequence_length = max_sequence_length
-        if isinstance(pretrained, (str, Path)):
-            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
-        elif isinstance(pretrained, QwenImagePipeline):
-            pipe = pretrained
-            cast_components(pipe.components, torch_dtype)
-        else:
-            raise TypeError(f"pretrained must be a path, hub id or QwenImagePipeline, got {type(pretrained)}")
+        pipe = pipeline_from(
+            pretrained,
+            QwenImagePipeline,
+            torch_dtype,
+            lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant),
+        )
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand
         self.denoiser = pipe.transformer
         self.vae = pipe.vae

@@ -17,9 +17,9 @@ from .base import (
     Cond,
     DiffusionAdapter,
     ScheduleTables,
-    cast_components,
     load_component,
     parse_dtype,
+    pipeline_from,
 )
 from .lora import SD15_LORA_TARGETS, LoraSettings
 from .text import check_tokenizer, quiet_truncation_logs
@@ -82,13 +82,12 @@ class SD15Adapter(DiffusionAdapter):
         if eta <= 0:
             raise ValueError(f"eta must be > 0 for a stochastic policy (DDPO uses 1.0), got {eta}")
         self.eta = eta
-        if isinstance(pretrained, (str, Path)):
-            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
-        elif isinstance(pretrained, StableDiffusionPipeline):
-            pipe = pretrained
-            cast_components(pipe.components, torch_dtype)
-        else:
-            raise TypeError(f"pretrained must be a path, hub id or StableDiffusionPipeline, got {type(pretrained)}")
+        pipe = pipeline_from(
+            pretrained,
+            StableDiffusionPipeline,
+            torch_dtype,
+            lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant),
+        )
         # The policy is DDIM whatever scheduler the checkpoint ships (SD 1.5 ships PNDM).
         pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, parse_dtype
+from .base import Cond, load_component, parse_dtype, pipeline_from
 from .flow import FlowMatchingAdapter
 from .lora import SD3_LORA_TARGETS, LoraSettings
 from .text import check_tokenizer, quiet_truncation_logs
@@ -83,15 +83,14 @@ class SD3Adapter(FlowMatchingAdapter):
         if max_sequence_length < 1:
             raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}")
         self.max_sequence_length = max_sequence_length
-        if isinstance(pretrained, (str, Path)):
-            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant, use_t5)
-        elif isinstance(pretrained, StableDiffusion3Pipeline):
-            pipe = pretrained
-            cast_components(pipe.components, torch_dtype)
-            if not use_t5:
-                pipe.text_encoder_3, pipe.tokenizer_3 = None, None
-        else:
-            raise TypeError(f"pretrained must be a path, hub id or StableDiffusion3Pipeline, got {type(pretrained)}")
+        pipe = pipeline_from(
+            pretrained,
+            StableDiffusion3Pipeline,
+            torch_dtype,
+            lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant, use_t5),
+        )
+        if not use_t5:
+            pipe.text_encoder_3, pipe.tokenizer_3 = None, None
         self.pipeline = pipe  # not a module: keeps encode_prompt and save_lora_weights at hand
         self.denoiser = pipe.transformer
         self.vae = pipe.vae

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..core.choices import check_choice
 from ..core.steps import SDEDynamics
-from .base import Cond, cast_components, load_component, load_pipeline_index, parse_dtype
+from .base import Cond, load_component, load_pipeline_index, parse_dtype, pipeline_from
 from .flow import FlowMatchingAdapter
 from .lora import LoraSettings, lora_metadata, lora_state_dict
 from .text import check_tokenizer, quiet_truncation_logs
@@ -162,13 +162,13 @@ class WanAdapter(FlowMatchingAdapter):
         if flow_shift is not None and flow_shift <= 0:
             raise ValueError(f"flow_shift must be > 0, got {flow_shift}")
         self.max_sequence_length = max_sequence_length
-        if isinstance(pretrained, (str, Path)):
-            pipe = self._load(str(pretrained), parse_dtype(torch_dtype), revision, variant)
-        elif isinstance(pretrained, WanPipeline):
-            pipe = pretrained
-            cast_components(pipe.components, torch_dtype, keep_float32=("vae",))
-        else:
-            raise TypeError(f"pretrained must be a path, hub id or WanPipeline, got {type(pretrained)}")
+        pipe = pipeline_from(
+            pretrained,
+            WanPipeline,
+            torch_dtype,
+            lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant),
+            keep_float32=("vae",),
+        )
         if pipe.transformer is None:
             raise ValueError(
                 "the WanPipeline has no high-noise transformer (only transformer_2); both experts are needed"

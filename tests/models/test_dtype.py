@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_treegrpo.core import TreeSpec, rollout
-from lit_treegrpo.models import SD3Adapter
+from lit_treegrpo.models import FluxAdapter, QwenImageAdapter, SD3Adapter, SD15Adapter, WanAdapter
 from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder, load_components
 from lit_treegrpo.models.tiny import TinyFluxAdapter, TinySD3Adapter, TinySD15Adapter, tiny_sd3_pipeline
 from lit_treegrpo.models.tiny_wan import TinyWanAdapter
@@ -51,3 +51,18 @@ def test_a_folder_and_a_built_pipeline_load_alike(tmp_path: Path) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), name
     shapes = ShapesAdapter("builtin", num_steps=2, torch_dtype="bfloat16")
     _denoises_in(shapes, torch.bfloat16)
+
+
+@pytest.mark.parametrize("family", ["sd15", "sd3", "flux", "wan", "qwen_image"])
+def test_pretrained_of_another_kind_is_refused_naming_the_pipeline_expected(family: str) -> None:
+    """Neither a path nor the family's pipeline (here: a dict of components) fails before any load,
+    in one line naming the pipeline class it wanted."""
+    adapter, wanted = {
+        "sd15": (SD15Adapter, "StableDiffusionPipeline"),
+        "sd3": (SD3Adapter, "StableDiffusion3Pipeline"),
+        "flux": (FluxAdapter, "FluxPipeline"),
+        "wan": (WanAdapter, "WanPipeline"),
+        "qwen_image": (QwenImageAdapter, "QwenImagePipeline"),
+    }[family]
+    with pytest.raises(TypeError, match=f"pretrained must be a path, hub id or {wanted}, got <class 'dict'>"):
+        adapter({"transformer": None})
