@@ -98,6 +98,25 @@ def _tiny_clip_text_config(**overrides):
     return CLIPTextConfig(**fields)
 
 
+def _tiny_t5_encoder():
+    """A 2-layer T5 encoder (d_model 32) whose 200-row vocabulary covers :func:`tiny_t5_tokenizer`'s
+    ids (0 pad, 1 eos), initialised from the global seed."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=200,
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return T5EncoderModel(config)
+
+
 def _tiny_vae(latent_channels: int, **extra):
     from diffusers import AutoencoderKL
 
@@ -171,7 +190,7 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
 
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import CLIPTextModelWithProjection
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="tiny_sd3_"))
     torch.manual_seed(seed)
@@ -197,19 +216,7 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
     t5 = None
     if with_t5:
         torch.manual_seed(seed + 4)
-        t5 = T5EncoderModel(
-            T5Config(
-                vocab_size=200,
-                d_model=32,
-                d_kv=8,
-                d_ff=37,
-                num_layers=2,
-                num_heads=4,
-                dropout_rate=0.0,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
-        )
+        t5 = _tiny_t5_encoder()
     return StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
@@ -231,7 +238,7 @@ def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell:
 
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import CLIPTextModel
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="tiny_flux_"))
     torch.manual_seed(seed)
@@ -252,19 +259,7 @@ def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell:
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(_tiny_clip_text_config())
     torch.manual_seed(seed + 3)
-    t5 = T5EncoderModel(
-        T5Config(
-            vocab_size=200,
-            d_model=32,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            dropout_rate=0.0,
-            pad_token_id=0,
-            eos_token_id=1,
-        )
-    )
+    t5 = _tiny_t5_encoder()
     if schnell:
         scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
     else:  # FLUX.1-dev's scheduler config
