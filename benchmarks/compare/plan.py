@@ -14,7 +14,6 @@ seeds at the chosen rates.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,11 +187,7 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
     unit in the finished runs (all methods' mean for a method with none)."""
     done: list[RunSpec] = []
     rates: dict[str, list[float]] = {}
-    for path in sorted(cache.folder.glob("*.json")):  # every run of this protocol, a moved grid's too
-        record = json.loads(path.read_text())
-        spec = RunSpec(**record["spec"])
-        if cache.load(spec) is None:
-            continue
+    for spec, record in cache.finished():
         done.append(spec)
         if record.get("seconds"):
             rates.setdefault(spec.method, []).append(record["seconds"] / record["curve"][-1]["units"])

@@ -241,15 +241,32 @@ class RunCache:
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-        return saved if training_identity(saved["config"]) == self.identity(spec) else None
+        return saved if self._trains_now(spec, saved) else None
+
+    def _trains_now(self, spec: RunSpec, saved: dict[str, Any]) -> bool:
+        """Whether a record's configuration trains what the current files train for ``spec``."""
+        return training_identity(saved["config"]) == self.identity(spec)
+
+    def _ran_here(self, saved: dict[str, Any]) -> bool:
+        """Whether a record ran under this protocol."""
+        return saved.get("identity", {}).get("protocol") == asdict(self.protocol)
 
     def load(self, spec: RunSpec) -> Run | None:
         """The cached run of ``spec``, if it ran under this protocol and its recorded configuration
         trains what the current files train."""
         saved = self._saved(spec)
-        if saved is None or saved.get("identity", {}).get("protocol") != asdict(self.protocol):
+        if saved is None or not self._ran_here(saved):
             return None
         return Run(saved["iterations"], saved["curve"])
+
+    def finished(self) -> Iterator[tuple[RunSpec, dict[str, Any]]]:
+        """Every run in the folder that :meth:`load` would return (a moved grid's rates too), with
+        its whole record, each file read once."""
+        for path in sorted(self.folder.glob("*.json")):
+            saved = json.loads(path.read_text())
+            spec = RunSpec(**saved["spec"])
+            if path == self.path(spec) and self._ran_here(saved) and self._trains_now(spec, saved):
+                yield spec, saved
 
     def start(self, spec: RunSpec) -> Start | None:
         """The cached shorter run of ``spec`` that this protocol extends, when its checkpoint is here."""

@@ -173,12 +173,17 @@ def test_a_cached_run_is_reused_only_while_the_files_train_what_it_recorded(tmp_
     spec = RunSpec("treegrpo", 3e-4, 0)
     write(cache, spec, [0.5, 0.6, 0.7, 0.7, 0.7])
     assert cache.load(spec) is not None
+    assert [s for s, _ in cache.finished()] == [spec]
     record = json.loads(cache.path(spec).read_text())
+    # a record under another run's name is neither run
+    cache.path(RunSpec("treegrpo", 3e-4, 1)).write_text(json.dumps(record))
+    assert [s for s, _ in cache.finished()] == [spec]
     # another protocol, or a recorded configuration that trained something else, is not this run
-    assert RunCache(tmp_path, Protocol(budget=200.0)).load(spec) is None
+    longer = RunCache(tmp_path, Protocol(budget=200.0))
+    assert longer.load(spec) is None and not list(longer.finished())
     record["config"]["model"]["minibatches"] = 4
     cache.path(spec).write_text(json.dumps(record))
-    assert cache.load(spec) is None
+    assert cache.load(spec) is None and not list(cache.finished())
     # the tree's num_steps left to the adapter is the same run as stating it
     config = resolved_config(spec)
     stated, left = json.loads(json.dumps(config)), json.loads(json.dumps(config))
