@@ -14,6 +14,7 @@ from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, 
 from lit_treegrpo.models import LoraSettings, SD3Adapter, SD15Adapter
 from lit_treegrpo.models.text import check_tokenizer
 from lit_treegrpo.models.tiny import TinySD3Adapter, TinySD15Adapter, tiny_sd3_pipeline, tiny_sd15_pipeline
+from tests.models.helpers import assert_bfloat16_tree_is_finite
 
 PROMPTS = ["a red triangle", "two blue circles on grass"]
 T = 4
@@ -162,14 +163,7 @@ def test_bf16_rollout_and_recompute_are_finite(name: str) -> None:
     adapter = fam.adapter(pipe, num_steps=T, **fam.adapter_kwargs, torch_dtype="bfloat16")  # casts the built pipeline
     assert adapter.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())  # LoRA masters
-    cond = adapter.encode_prompts(PROMPTS)
-    gen = torch.Generator().manual_seed(0)
-    spec = TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1, 2))
-    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
-    assert tree.edge_x_next.dtype == torch.bfloat16 and tree.edge_old_log_prob.dtype == torch.float32
-    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-    assert out.step.log_prob.dtype == torch.float32
-    assert bool(torch.isfinite(out.step.log_prob).all() and torch.isfinite(tree.edge_old_log_prob).all())
+    assert_bfloat16_tree_is_finite(adapter, PROMPTS, T)
 
 
 def train_one_step(adapter, lr: float = 1e-2) -> None:

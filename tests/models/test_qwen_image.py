@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout, tree_advantages
+from lit_treegrpo.core import TreeSpec, recompute_log_probs, rollout
 from lit_treegrpo.models import LoraSettings
 from lit_treegrpo.models.qwen_image import QwenImageAdapter
 from lit_treegrpo.models.tiny_qwen import TinyQwenImageAdapter, tiny_qwen_image_pipeline, tiny_qwen_tokenizer
-from tests.models.helpers import brightness_steps
+from tests.models.helpers import assert_bfloat16_tree_is_finite, assert_recomputes_and_trains, brightness_steps, grow
 
 PROMPTS = ["a red circle", "two blue squares on green grass"]  # different lengths: masks matter
 T = 4
@@ -96,19 +96,10 @@ def test_prompts_of_different_lengths_are_masked_and_padding_changes_nothing() -
 def test_engine_on_a_tree_recomputes_every_sde_edge_and_trains() -> None:
     adapter = TinyQwenImageAdapter(**{k: v for k, v in OPTIONS.items() if k not in SIZE})
     spec = TreeSpec(T, branch_steps=(0, 1), branching=2, sde_steps=(2,))
-    cond = adapter.encode_prompts(PROMPTS)
-    gen = torch.Generator().manual_seed(0)
-    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
+    cond, tree = grow(adapter, PROMPTS, spec)
     assert tree.num_edges == 2 * spec.num_edges() and tree.leaf_latents.shape == (8, *PACKED)
     rewards = adapter.decode(tree.leaf_latents).mean(dim=(1, 2, 3))  # [L] brightness
-    advantages = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method="mean")
-    assert bool(torch.isfinite(advantages).all())
-    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-    torch.testing.assert_close(out.step.log_prob, tree.edge_old_log_prob, atol=1e-5, rtol=0)
-    loss = ClippedPolicyLoss(clip_range=10.0)(out.step.log_prob, tree.edge_old_log_prob, advantages).loss
-    loss.backward()
-    grads = [p.grad for p in adapter.trainable_parameters()]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    assert_recomputes_and_trains(adapter, tree, cond, rewards)
 
 
 def train_steps(adapter, steps: int, lr: float) -> None:
@@ -233,15 +224,7 @@ def test_bf16_rollout_and_recompute_are_finite_with_float32_lora_masters() -> No
     adapter = QwenImageAdapter(tiny_qwen_image_pipeline(0), **OPTIONS, torch_dtype="bfloat16")
     assert adapter.dtype == torch.bfloat16 and adapter.vae.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())
-    cond = adapter.encode_prompts(PROMPTS)
-    gen = torch.Generator().manual_seed(0)
-    spec = TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1, 2))
-    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
-    assert tree.edge_x_next.dtype == torch.bfloat16 and tree.edge_old_log_prob.dtype == torch.float32
-    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-    assert bool(torch.isfinite(out.step.log_prob).all() and torch.isfinite(tree.edge_old_log_prob).all())
-    images = adapter.decode(tree.leaf_latents)
-    assert images.dtype == torch.float32 and bool(torch.isfinite(images).all())
+    assert_bfloat16_tree_is_finite(adapter, PROMPTS, T)
 
 
 VERL_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",

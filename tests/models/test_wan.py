@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout, tree_advantages
+from lit_treegrpo.core import TreeSpec, rollout
 from lit_treegrpo.models import LoraSettings
 from lit_treegrpo.models.tiny_wan import TinyWanAdapter, tiny_wan_pipeline
 from lit_treegrpo.models.wan import WanAdapter
-from tests.models.helpers import brightness_steps
+from tests.models.helpers import assert_bfloat16_tree_is_finite, assert_recomputes_and_trains, brightness_steps, grow
 
 PROMPTS = ["a red fox running in snow", "two cats on grass"]
 T = 4
@@ -68,23 +68,13 @@ def test_deterministic_rollout_decoded_equals_wan_pipeline(saved: Path) -> None:
 def test_engine_on_a_video_tree_recomputes_every_sde_edge_and_trains() -> None:
     adapter = TinyWanAdapter(**{k: v for k, v in OPTIONS.items() if k not in SIZE})
     spec = TreeSpec(T, branch_steps=(0, 1), branching=2, sde_steps=(2,))
-    cond = adapter.encode_prompts(PROMPTS)
-    gen = torch.Generator().manual_seed(0)
-    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
+    cond, tree = grow(adapter, PROMPTS, spec)
     assert tree.num_edges == 2 * spec.num_edges() and tree.num_leaves == 2 * 4
     assert tree.edge_x_next.shape == (tree.num_edges, *LATENT) and tree.leaf_latents.shape == (8, *LATENT)
     # a reward on the decoded videos [L, F, 3, H, W]: mean brightness of the frames
     videos = adapter.decode(tree.leaf_latents)
     assert videos.shape == (8, 9, 3, 32, 32)
-    rewards = videos.mean(dim=(1, 2, 3, 4))  # [L]
-    advantages = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt, method="mean")
-    assert advantages.shape == (tree.num_edges,) and bool(torch.isfinite(advantages).all())
-    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-    torch.testing.assert_close(out.step.log_prob, tree.edge_old_log_prob, atol=1e-5, rtol=0)
-    loss = ClippedPolicyLoss(clip_range=10.0)(out.step.log_prob, tree.edge_old_log_prob, advantages).loss
-    loss.backward()
-    grads = [p.grad for p in adapter.trainable_parameters()]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    assert_recomputes_and_trains(adapter, tree, cond, videos.mean(dim=(1, 2, 3, 4)))  # [L] brightness
 
 
 def train_steps(adapter, steps: int, lr: float) -> None:
@@ -216,12 +206,4 @@ def test_bf16_rollout_and_recompute_are_finite_with_float32_lora_masters() -> No
     adapter = WanAdapter(tiny_wan_pipeline(0), **OPTIONS, torch_dtype="bfloat16")  # casts the built pipeline
     assert adapter.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in adapter.trainable_parameters())
-    cond = adapter.encode_prompts(PROMPTS)
-    gen = torch.Generator().manual_seed(0)
-    spec = TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1, 2))
-    tree = rollout(adapter.predict, adapter.step, spec, cond, adapter.initial_noise(2, gen), generator=gen)
-    assert tree.edge_x_next.dtype == torch.bfloat16 and tree.edge_old_log_prob.dtype == torch.float32
-    out = recompute_log_probs(adapter.predict, adapter.step, tree, torch.arange(tree.num_edges), cond)
-    assert bool(torch.isfinite(out.step.log_prob).all() and torch.isfinite(tree.edge_old_log_prob).all())
-    videos = adapter.decode(tree.leaf_latents)
-    assert videos.dtype == torch.float32 and bool(torch.isfinite(videos).all())
+    assert assert_bfloat16_tree_is_finite(adapter, PROMPTS, T).shape == (4, 9, 3, 32, 32)  # 2 videos a prompt
