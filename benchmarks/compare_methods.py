@@ -136,10 +136,14 @@ def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
             f": about {now.seconds_left / 3600:.1f} h on one core ({now.seconds_left / 7200:.1f} h with two --work processes)"
         )
     )
+    later = ""
+    if now.later:
+        later = f"; {now.later} more once their sweeps choose a rate"
+        if now.seconds_later is not None:
+            later += f" (up to {now.seconds_later / 3600:.1f} h on one core, if none extends a shorter run)"
     lines.append(
-        f"{len(now.done)} runs done, {len(now.pending)} known to go ({len(now.extending)} extend a shorter run){cost}; "
-        "a sweep whose best rate is at its grid's edge adds a rate, and reported seeds and variants are "
-        "known once their method's sweep has chosen"
+        f"{len(now.done)} runs done, {len(now.pending)} known to go ({len(now.extending)} extend a shorter run){cost}"
+        f"{later}; a sweep whose best rate is at its grid's edge adds a rate"
     )
     return "\n".join(lines)
 

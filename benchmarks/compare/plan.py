@@ -179,6 +179,10 @@ class Progress:
     pending: list[RunSpec]  # known now: a sweep whose best rate is at an edge adds a rate later
     extending: list[RunSpec]  # the pending runs that go on from a shorter run's checkpoint
     seconds_left: float | None  # on one core, at the finished runs' seconds per unit (None: none finished)
+    # not yet known: the reported (and variant) runs of methods whose sweep has still to choose a
+    # rate, and their cost priced as if each trained from scratch (an upper bound: some may extend)
+    later: int = 0
+    seconds_later: float | None = None
 
 
 def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -> Progress:
@@ -195,11 +199,19 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
     pending = [s for s in jobs(cache, design, variants=variants, sweeps=sweeps) if s not in done]
     every = [r for rs in rates.values() for r in rs]
     starts = {s: cache.start(s) for s in pending}
-    seconds = None
+    unchosen = [m for m in design.headline if sweeps[m].chosen is None]
+    later = [m for m in unchosen for _ in design.report_seeds]
+    if variants:
+        later += [v for v in design.variants if VARIANT_OF[v] in unchosen for _ in design.variant_seeds]
+    seconds = seconds_later = None
     if every:
+
+        def per_unit(method: str) -> float:
+            return statistics.fmean(rates.get(method, every))
+
         seconds = sum(
-            (design.protocol.budget - (start.run.curve[-1]["units"] if start else 0.0))
-            * statistics.fmean(rates.get(spec.method, every))
+            (design.protocol.budget - (start.run.curve[-1]["units"] if start else 0.0)) * per_unit(spec.method)
             for spec, start in starts.items()
         )
-    return Progress(sweeps, done, pending, [s for s, st in starts.items() if st], seconds)
+        seconds_later = sum(design.protocol.budget * per_unit(m) for m in later)
+    return Progress(sweeps, done, pending, [s for s, st in starts.items() if st], seconds, len(later), seconds_later)

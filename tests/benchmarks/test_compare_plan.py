@@ -263,7 +263,10 @@ def test_the_status_counts_the_runs_left_and_prices_them_at_each_methods_seconds
     assert len(now.pending) == 5 + 3 and now.extending == [spec]
     # treegrpo: 5 sweep runs x 100 units x 0.5 s; dancegrpo: 2 reported x 100 x 1 s, and 50 units left of seed 0
     assert now.seconds_left == pytest.approx(250.0 + 200.0 + 50.0)
+    # treegrpo's sweep has not chosen: its 3 reported seeds are not yet known runs, priced from scratch
+    assert now.later == 3 and now.seconds_later == pytest.approx(3 * 100 * 0.5)
     text = compare_methods.status(cache, DESIGN)
     assert "0.0003: 0.700 0.700 | 0.001: 0.600 0.600; chosen 0.0003; reported 0/3" in text
     assert "0.0001: 0.700 ... | 0.0003: ... ..." in text
     assert "7 runs done, 8 known to go (1 extend a shorter run): about 0.1 h on one core" in text
+    assert "; 3 more once their sweeps choose a rate (up to 0.0 h on one core, if none extends" in text
