@@ -162,11 +162,13 @@ def jobs(
     for seed in design.report_seeds:  # seed-major: every method's seed k before seed k + 1
         out += [RunSpec(m, sweeps[m].chosen, seed) for m in design.headline if sweeps[m].chosen is not None]
     if variants:
-        for seed in design.variant_seeds:
-            for v in design.variants:
-                lr = sweeps[VARIANT_OF[v]].chosen
-                if lr is not None:
-                    out.append(RunSpec(v, lr, seed))
+        # variant-major: a variant is reported once it has its seeds, so when the machine's time runs
+        # out the variants trained are complete and the rest are listed as not run, rather than every
+        # variant holding a few seeds that no interval can rest on
+        for v in design.variants:
+            lr = sweeps[VARIANT_OF[v]].chosen
+            if lr is not None:
+                out += [RunSpec(v, lr, seed) for seed in design.variant_seeds]
     return out
 
 

@@ -84,6 +84,35 @@ def test_the_sweep_chooses_by_the_spread_penalised_rule_and_moves_a_grid_whose_b
     assert goals["dancegrpo"]["reward"] == pytest.approx(0.705) and goals["best_flat"]["method"] == "dancegrpo"
 
 
+def test_the_variants_are_trained_after_every_reported_run_one_variant_at_a_time(tmp_path: Path) -> None:
+    design = plan.Design(
+        protocol=PROTOCOL,
+        sweep_seeds=(100,),
+        report_seeds=(0, 1),
+        variant_seeds=(0, 1),
+        grids={"treegrpo": (1e-4, 3e-4, 1e-3), "branchgrpo": (1e-4, 3e-4, 1e-3)},
+        headline=("treegrpo", "branchgrpo"),
+        variants=("treegrpo_softmax", "branchgrpo_mix"),
+    )
+    cache = RunCache(tmp_path, PROTOCOL)
+    for m in design.headline:  # each sweep chooses 3e-4, the middle of its grid
+        for lr, plateau in {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.5}.items():
+            write(cache, RunSpec(m, lr, 100), [0.5, plateau, plateau, plateau, plateau])
+    after_sweeps = [s for s in plan.jobs(cache, design) if s.seed != 100]
+    # reported seeds seed-major (the pairs grow together), then each variant's seeds in turn (a
+    # variant cut short by the machine's time is then wholly "not run", not a few seeds of each)
+    assert after_sweeps == [
+        RunSpec("treegrpo", 3e-4, 0),
+        RunSpec("branchgrpo", 3e-4, 0),
+        RunSpec("treegrpo", 3e-4, 1),
+        RunSpec("branchgrpo", 3e-4, 1),
+        RunSpec("treegrpo_softmax", 3e-4, 0),
+        RunSpec("treegrpo_softmax", 3e-4, 1),
+        RunSpec("branchgrpo_mix", 3e-4, 0),
+        RunSpec("branchgrpo_mix", 3e-4, 1),
+    ]
+
+
 def test_grids_move_along_the_1_3_10_series() -> None:
     from compare.methods import neighbour, shifted_grid
 
