@@ -204,6 +204,14 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
         "sweep": {m: s.as_dict() for m, s in sweeps.items()},
         "methods": methods,
         "pairs": pairs(methods, tuple(headline), seed),
+        # each variant against its own headline method, over the seeds the variant ran (its seeds are
+        # reported seeds too, so the pair shares prompt order and root noise like the headline pairs)
+        "variant_pairs": {
+            key: diff
+            for v in design.variants
+            if v in methods and VARIANT_OF[v] in methods
+            for key, diff in pairs(methods, (v, VARIANT_OF[v]), seed).items()
+        },
         "timing": timing,
     }
     if headline:
@@ -334,6 +342,17 @@ def tables(report: dict[str, Any]) -> str:
         for key, d in report["pairs"].items():
             lines.append(
                 f"| {key} | {ci(d['final'], 4)} | {verdict(d['final'])} | {ci(d['auc'], 4)} | {verdict(d['auc'])} |"
+            )
+    if report.get("variant_pairs"):
+        lines += [
+            "",
+            "| variant minus its headline method (paired over the variant's seeds) | seeds | final reward | | AUC | |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key, d in report["variant_pairs"].items():
+            lines.append(
+                f"| {key} | {len(d['seeds'])} | {ci(d['final'], 4)} | {verdict(d['final'])} | {ci(d['auc'], 4)} | "
+                f"{verdict(d['auc'])} |"
             )
     goals = p["targets"]
     if (

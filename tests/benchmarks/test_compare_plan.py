@@ -177,6 +177,37 @@ def test_the_report_computes_cis_pairs_and_censored_speedups_from_the_runs(tmp_p
     assert "dancegrpo +0.037" in results["headline"] and "(resolved)" in results["headline"]
 
 
+def test_a_variant_is_paired_with_its_headline_method_and_kept_out_of_the_headline(tmp_path: Path) -> None:
+    design = plan.Design(
+        protocol=PROTOCOL,
+        sweep_seeds=(100, 101),
+        report_seeds=(0, 1, 2),
+        variant_seeds=(0, 1),
+        grids=DESIGN.grids,
+        headline=("treegrpo", "dancegrpo"),
+        variants=("treegrpo_softmax",),
+    )
+    cache = RunCache(tmp_path, PROTOCOL)
+    for m in ("treegrpo", "dancegrpo"):
+        for lr in (1e-4, 3e-4, 1e-3):
+            for seed in (100, 101):
+                p = 0.7 if lr == 3e-4 else 0.6
+                write(cache, RunSpec(m, lr, seed), [0.5, p, p, p, p])
+    for seed in (0, 1, 2):
+        write(cache, RunSpec("treegrpo", 3e-4, seed), [0.5, 0.7, 0.72, 0.72, 0.72 + 0.01 * seed])
+        write(cache, RunSpec("dancegrpo", 3e-4, seed), [0.5, 0.55, 0.6, 0.7, 0.7])
+    results = report.summarise(cache, design)
+    assert results["variant_pairs"] == {} and "treegrpo_softmax: 2 of 2 seeds not run" in results["missing"]
+    # the variant ends 0.05 and 0.03 below treegrpo on seeds 0 and 1 (treegrpo: 0.72, 0.73)
+    for seed, final in ((0, 0.67), (1, 0.70)):
+        write(cache, RunSpec("treegrpo_softmax", 3e-4, seed), [0.5, 0.6, 0.65, 0.66, final])
+    results = report.summarise(cache, design)
+    pair = results["variant_pairs"]["treegrpo_softmax - treegrpo"]
+    assert pair["seeds"] == [0, 1] and pair["final"]["mean"] == pytest.approx(-0.04) and pair["final"]["resolved"]
+    assert set(results["pairs"]) == {"treegrpo - dancegrpo"} and "softmax" not in results["headline"]
+    assert "| treegrpo_softmax - treegrpo | 2 | -0.0400 [-0.0500, -0.0300] | resolved |" in report.tables(results)
+
+
 def test_the_headline_ranks_nothing_until_two_seeds_are_trained_by_treegrpo_and_another_method(tmp_path: Path) -> None:
     cache = RunCache(tmp_path, PROTOCOL)
     for m in ("treegrpo", "dancegrpo"):
