@@ -33,7 +33,7 @@ from compare import plan, report  # noqa: E402
 from compare.methods import RunSpec  # noqa: E402
 from compare.runs import Protocol, RunCache  # noqa: E402
 
-COMPARISON = Path(__file__).resolve().parent / "results" / "shapes_cpu_long"  # the comparison the docs report
+COMPARISON = Path(__file__).resolve().parent / "results" / "shapes_cpu_750k"  # the comparison the docs report
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,11 +7,12 @@ trains. The protocol (docs/benchmarks.md) is fixed in code before any run:
 ``benchmarks/compare/plan.py`` (sweep, rule, targets, seeds), ``benchmarks/compare/runs.py``
 (budget, evaluations), ``benchmarks/compare/stats.py`` (confidence intervals).
 
-    python benchmarks/compare_methods.py --work --out benchmarks/results/shapes_cpu_long    # train (resumable;
+    python benchmarks/compare_methods.py --work --out benchmarks/results/shapes_cpu_750k    # train (resumable;
                                                              # two such processes share the runs)
-    python benchmarks/compare_methods.py --report --out benchmarks/results/shapes_cpu_long  # results.json, plots
-    python benchmarks/compare_methods.py --timing --out benchmarks/results/shapes_cpu_long  # seconds per unit
-    python benchmarks/compare_methods.py --status --design 750k --out benchmarks/results/shapes_cpu_750k  # how far
+    python benchmarks/compare_methods.py --report --out benchmarks/results/shapes_cpu_750k  # results.json, plots
+    python benchmarks/compare_methods.py --timing --out benchmarks/results/shapes_cpu_750k  # seconds per unit
+    python benchmarks/compare_methods.py --status --out benchmarks/results/shapes_cpu_750k  # how far
+    python benchmarks/compare_methods.py --report --design 540k --out benchmarks/results/shapes_cpu_long  # the second one
     python benchmarks/compare_methods.py --report --design 300k --out benchmarks/results/shapes_cpu  # the first one
     python benchmarks/compare_methods.py --quick --out runs/bench                      # < 10 min, 2 cores
 """
@@ -74,8 +75,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--design",
         choices=[d for d in plan.DESIGNS if d != "quick"],
         default=next(k for k, d in plan.DESIGNS.items() if d is plan.FULL),
-        help="which fixed protocol (compare/plan.py: DESIGNS): 540k is the reported comparison's "
-        "(benchmarks/results/shapes_cpu_long), 750k the next one's (benchmarks/results/shapes_cpu_750k), "
+        help="which fixed protocol (compare/plan.py: DESIGNS): 750k is the reported comparison's "
+        "(benchmarks/results/shapes_cpu_750k), 540k the second one's (benchmarks/results/shapes_cpu_long), "
         "300k the first one's (benchmarks/results/shapes_cpu)",
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")

@@ -11,7 +11,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-COMPARISON = REPO / "benchmarks" / "results" / "shapes_cpu_long"  # the comparison the docs report
+COMPARISON = REPO / "benchmarks" / "results" / "shapes_cpu_750k"  # the comparison the docs report
 
 
 def test_the_concepts_python_example_runs() -> None:
@@ -50,7 +50,7 @@ def test_every_row_of_what_happens_when_names_tests_that_exist() -> None:
 
 def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
     """docs/results.md's generated region is report.md, which is the tables formatted from
-    benchmarks/results/shapes_cpu_long/results.json (the 540k comparison); the README's sentence is
+    benchmarks/results/shapes_cpu_750k/results.json (the 750k comparison); the README's sentence is
     its headline (so a rerun that changes them must regenerate both: compare_methods.py --report
     --docs)."""
     import json
@@ -73,28 +73,65 @@ def test_the_results_and_the_readme_quote_the_committed_comparison() -> None:
 
 
 def test_the_results_prose_quotes_the_committed_comparison() -> None:
-    """The findings written under docs/results.md's tables (the plateau check, TreeGRPO against
-    MixGRPO at the budget and over it) are what benchmarks/results/shapes_cpu_long/results.json
-    holds: a rerun that moves them must rewrite the prose too."""
+    """The findings written under docs/results.md's tables (the plateau check, TreeGRPO against each
+    headline method at the budget and over it, the times to target, the variants, the timing) are
+    what benchmarks/results/shapes_cpu_750k/results.json holds, verdicts included: a rerun that
+    moves them must rewrite the prose too."""
     import json
 
     saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
+
+    def ci(d: dict, digits: int = 3, sign: str = "+") -> str:
+        return f"{d['mean']:{sign}.{digits}f} [{d['lo']:{sign}.{digits}f}, {d['hi']:{sign}.{digits}f}]"
+
+    def times(d: dict) -> str:
+        return f"{d['mean']:.2f}x [{d['lo']:.2f}x, {d['hi']:.2f}x]"
+
     flat = saved["flattening"]
-    assert flat["method"] == "treegrpo" and not flat["flat"]
-    assert "The plateau check fails at 540k." in text
+    assert saved["complete"] and flat["method"] == "treegrpo" and flat["flat"]
+    assert "The plateau check passes at 750k." in text
     assert ", ".join(f"{y:.4f}" for y in flat["mean_reward"]) in text
     assert f"evaluation noise of {flat['evaluation_noise']:.4f}" in text
-    pair = saved["pairs"]["treegrpo - mixgrpo"]
-    final, auc = pair["final"], pair["auc"]
-    assert not final["resolved"] and auc["resolved"] and auc["mean"] < 0
-    assert f"{final['mean']:+.3f} [{final['lo']:+.3f}, {final['hi']:+.3f}] over 10 paired seeds, not resolved" in text
-    assert f"TreeGRPO's by {-auc['mean']:.4f} [{-auc['hi']:.4f}, {-auc['lo']:.4f}]" in text
-    for other in ("flowgrpo", "dancegrpo", "branchgrpo"):
-        d = saved["pairs"][f"treegrpo - {other}"]["final"]
-        assert d["resolved"] and f"({d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])" in text, other
-    mix = saved["methods"]["mixgrpo"]
-    assert f"{mix['final']['mean']:.3f}, than its three sweep seeds" in text
+    final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("mixgrpo", "flowgrpo", "dancegrpo", "branchgrpo")}
+    assert not final["mixgrpo"]["resolved"] and not final["flowgrpo"]["resolved"]
+    assert (
+        f"{ci(final['mixgrpo'])} over MixGRPO and {ci(final['flowgrpo'])} over Flow-GRPO, over 10 paired seeds, "
+        "both not resolved" in text
+    )
+    for other in ("dancegrpo", "branchgrpo"):
+        assert final[other]["resolved"] and f"({ci(final[other])}, resolved)" in text, other
+    mix_flow = saved["pairs"]["mixgrpo - flowgrpo"]["final"]
+    assert not mix_flow["resolved"] and f"({ci(mix_flow)}, not resolved)" in text
+    auc = saved["pairs"]["treegrpo - mixgrpo"]["auc"]
+    assert not auc["resolved"] and f"MixGRPO's is {ci(auc, 4)}, not resolved" in text
+    auc = saved["pairs"]["treegrpo - flowgrpo"]["auc"]
+    assert auc["resolved"] and f"Flow-GRPO's ({ci(auc, 4)})" in text
+    methods = saved["methods"]
+    dance = {m: methods[m]["compute_to_target"]["dancegrpo"] for m in ("treegrpo", "mixgrpo", "flowgrpo")}
+    assert (
+        f"TreeGRPO is {times(dance['treegrpo']['speedup'])} faster than DanceGRPO in compute, MixGRPO "
+        f"{times(dance['mixgrpo']['speedup'])} and Flow-GRPO {times(dance['flowgrpo']['speedup'])}" in text
+    )
+    assert not any(methods["branchgrpo"]["compute_to_target"]["dancegrpo"]["reached"])
+    best = {m: methods[m]["compute_to_target"]["best_flat"] for m in ("treegrpo", "mixgrpo")}
+    speedup = best["treegrpo"]["speedup"]
+    assert speedup["lo"] < 1 < speedup["hi"] and f"a speed-up of {times(speedup)}, not resolved" in text
+    assert (
+        f"reached by {sum(best['treegrpo']['reached'])} of 10 seeds of TreeGRPO and "
+        f"{sum(best['mixgrpo']['reached'])} of 10 of MixGRPO" in text
+    )
+    assert f"MixGRPO's reported seeds end at {methods['mixgrpo']['final']['mean']:.3f}" in text
+    branch = methods["branchgrpo"]["at_units"]
+    assert f"{branch['562500']['mean']:.3f} at 562.5k units, {branch['750000']['mean']:.3f} at 750k" in text
+    ms = {m: 1000 * t["seconds_per_unit"] for m, t in saved["timing"]["methods"].items()}
+    assert f"a unit of TreeGRPO costs {ms['treegrpo']:.3f} ms and one of MixGRPO {ms['mixgrpo']:.3f} ms" in text
+    for key, pair in saved["variant_pairs"].items():
+        variant = key.split(" - ")[0]
+        verdict = "resolved" if pair["final"]["resolved"] else "not resolved"
+        assert f"`{variant}` ({len(pair['seeds'])} seeds) minus its headline method: {ci(pair['final'])}, {verdict}" in text
+    for missing in saved["missing"]:
+        assert missing.split(":")[0] + "`" in text, missing
 
 
 def test_the_results_quote_the_committed_step_noise_table() -> None:
