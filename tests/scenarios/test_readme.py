@@ -129,7 +129,10 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     for key, pair in saved["variant_pairs"].items():
         variant = key.split(" - ")[0]
         verdict = "resolved" if pair["final"]["resolved"] else "not resolved"
-        assert f"`{variant}` ({len(pair['seeds'])} seeds) minus its headline method: {ci(pair['final'])}, {verdict}" in text
+        assert (
+            f"`{variant}` ({len(pair['seeds'])} seeds) minus its headline method: {ci(pair['final'])}, {verdict}"
+            in text
+        )
     for missing in saved["missing"]:
         assert missing.split(":")[0] + "`" in text, missing
 
