@@ -81,6 +81,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(
+        "--screen",
+        action="store_true",
+        help="--work / --status: the fidelity screen's runs (plan.screen_jobs: the official code's settings "
+        "one at a time, at the 750k protocol) instead of the design's",
+    )
+    p.add_argument(
         "--docs",
         type=Path,
         nargs="*",
@@ -97,15 +103,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: float = 30.0) -> None:
-    """Train what the plan needs until nothing is left; wait while other processes hold the rest.
-    Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
+def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: float = 30.0, screen: bool = False) -> None:
+    """Train what the plan needs (``screen``: the screen's runs) until nothing is left; wait while
+    other processes hold the rest. Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
     stop = cache.folder / STOP
     while True:
         if stop.exists():
             print(f"{stop} exists: stopping before the next run (delete it to go on)", flush=True)
             return
-        pending = [s for s in plan.jobs(cache, design, variants=variants) if cache.load(s) is None]
+        wanted = plan.screen_jobs() if screen else plan.jobs(cache, design, variants=variants)
+        pending = [s for s in wanted if cache.load(s) is None]
         if not pending:
             print("nothing left to train", flush=True)
             return
@@ -146,6 +153,18 @@ def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
         f"{len(now.done)} runs done, {len(now.pending)} known to go ({len(now.extending)} extend a shorter run){cost}"
         f"{later}; a sweep whose best rate is at its grid's edge adds a rate"
     )
+    return "\n".join(lines)
+
+
+def screen_status(cache: RunCache) -> str:
+    """The text of ``--status --screen``: each arm's runs done."""
+    jobs = plan.screen_jobs()
+    done = {spec for spec, _ in cache.finished()}
+    lines = [f"the fidelity screen, runs in {cache.folder}"]
+    for arm in plan.SCREEN_RATES:
+        mine = [s for s in jobs if s.method == arm]
+        lines.append(f"  {arm:<24} {sum(s in done for s in mine)}/{len(mine)} runs")
+    lines.append(f"{sum(s in done for s in jobs)} of {len(jobs)} screen runs done")
     return "\n".join(lines)
 
 
@@ -212,10 +231,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     design = plan.QUICK if args.quick else plan.DESIGNS[args.design]
     cache = RunCache(args.out, design.protocol)
     if args.status:
-        print(status(cache, design, variants=not args.no_variants))
+        print(screen_status(cache) if args.screen else status(cache, design, variants=not args.no_variants))
         return None
     if args.work:
-        work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0)
+        work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0, screen=args.screen)
     if args.timing:
         rounds, iterations = (1, 1) if args.quick else (3, 3)
         (args.out / "timing.json").write_text(json.dumps(timed(cache, design, rounds, iterations), indent=1))

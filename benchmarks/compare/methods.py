@@ -10,6 +10,7 @@ the training callbacks the benchmark trains are the ones ``fit`` would train.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -19,17 +20,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.training.resume import ADAPTER_MEMORY_OPTIONS
+from lit_treegrpo.training.settings import AdvantageSettings
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "configs" / "methods"
+SCREEN = Path(__file__).resolve().parent / "screen"
+"""The fidelity screen's arms: one file each, composed after its base preset (:data:`ARMS`)."""
 TASK = REPO / "configs" / "shapes.yaml"
 
 HEADLINE = ("treegrpo", "mixgrpo", "dancegrpo", "flowgrpo", "branchgrpo")
 """The five methods reported at 10 seeds each, paired by seed."""
 VARIANTS = ("treegrpo_softmax", "branchgrpo_pruned", "branchgrpo_mix")
 """Variants of a headline method, run at that method's chosen rate (not swept on their own)."""
+OFFICIAL = ("treegrpo_official", "branchgrpo_official")
+"""Each paper's method with every setting as its official code has it (the fidelity screen)."""
 VARIANT_OF = {"treegrpo_softmax": "treegrpo", "branchgrpo_pruned": "branchgrpo", "branchgrpo_mix": "branchgrpo"}
+ARMS = {
+    "branchgrpo_binary": "branchgrpo",
+    "branchgrpo_split_noise": "branchgrpo",
+    "branchgrpo_updates": "branchgrpo",
+    "branchgrpo_equal_weight": "branchgrpo",
+}
+"""The screen's arms (``SCREEN/<arm>.yaml``), each one setting of the official code changed alone on
+its base preset (docs/benchmarks.md, the fidelity screen)."""
 FLAT = ("dancegrpo", "flowgrpo", "mixgrpo")
 """The flat baselines (independent chains, no shared prefix)."""
 
@@ -53,15 +68,21 @@ OBSERVER_CALLBACKS = ("RewardMetrics", "SampleGridLogger", "TreeView", "EMA", "S
 
 
 def method_names() -> list[str]:
-    """Every preset in ``configs/methods`` (sorted)."""
-    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+    """Every preset in ``configs/methods`` and every screen arm (sorted)."""
+    return sorted([p.stem for p in PRESETS.glob("*.yaml")] + list(ARMS))
 
 
 def preset(name: str) -> Path:
-    path = PRESETS / f"{name}.yaml"
+    """The file that states ``name``: its preset, or a screen arm's own file."""
+    path = SCREEN / f"{name}.yaml" if name in ARMS else PRESETS / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown method {name!r}: no {path}; choose from {', '.join(method_names())}")
     return path
+
+
+def preset_files(name: str) -> list[Path]:
+    """The config files of ``name`` in the order ``fit`` composes them (a screen arm after its base)."""
+    return [preset(ARMS[name]), preset(name)] if name in ARMS else [preset(name)]
 
 
 @functools.cache
@@ -95,6 +116,7 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     tree = dict(model["tree"])
     if tree.get("num_steps") is None:
         tree["num_steps"] = adapter["init_args"]["num_steps"]
+    tree = _without_field_defaults(tree, TreeSpec)
     optimizer = dict(model.get("optimizer") or {})
     if "init_args" in optimizer:
         optimizer["init_args"] = {k: v for k, v in optimizer["init_args"].items() if k != "lr"}
@@ -106,7 +128,6 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     keys = (
         "reward",
         "reward_kwargs",
-        "advantage",
         "loss",
         "minibatches",
         "edges_per_update",
@@ -120,10 +141,19 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
         "adapter": adapter,
         "tree": tree,
         **{k: model.get(k) for k in keys},
+        "advantage": _without_field_defaults(model.get("advantage") or {}, AdvantageSettings),
         "optimizer": optimizer,
         "callbacks": callbacks,
         "data": config["data"],
     }
+
+
+def _without_field_defaults(options: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``options`` of the dataclass ``cls`` without the fields at their defaults: a field added later,
+    at a default that keeps the old behaviour (``tree.split_noise_scale``,
+    ``advantage.std_estimator``), leaves the cached runs' identity as it was."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}
 
 
 def _without_defaults(callback: dict[str, Any]) -> dict[str, Any]:
@@ -186,9 +216,10 @@ def run_args(spec: RunSpec, task: Path = TASK) -> list[str]:
     """The ``fit`` arguments of ``spec``: the task config, the method's preset, and the run's rate
     and seed (``--model.seed`` seeds the rollouts, the window and the pruning draws alike; the
     held-out split and the prompt order stay the task's, the same for every method and seed)."""
+    presets = [arg for path in preset_files(spec.method) for arg in ("--config", str(path))]
     return [
         "--config", str(task),
-        "--config", str(preset(spec.method)),
+        *presets,
         "--model.optimizer.init_args.lr", repr(spec.lr),
         "--model.seed", str(spec.seed),
         "--seed_everything", str(spec.seed),
@@ -212,7 +243,7 @@ def build(spec: RunSpec, root: Path, task: Path = TASK) -> tuple[Any, Any, list[
             callbacks.append(callback)
         elif kind not in OBSERVER_CALLBACKS:
             raise ValueError(
-                f"{preset(spec.method)} or {task} adds the callback {kind}, which the benchmark does not "
+                f"{' or '.join(map(str, preset_files(spec.method)))} or {task} adds the callback {kind}, which the benchmark does not "
                 "know: list it in benchmarks/compare/methods.py as training or observer"
             )
     config = json.loads(cli.parser.dump(cli.config, format="json", skip_none=False))

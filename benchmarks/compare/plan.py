@@ -75,6 +75,32 @@ DESIGNS = {"540k": LONG, "750k": PLATEAU, "300k": FIRST, "quick": QUICK}
 """The designs ``compare_methods.py --design`` names; ``FULL`` is the one the docs report."""
 
 
+# The fidelity screen (docs/benchmarks.md), fixed before its runs: each setting in which
+# configs/methods/branchgrpo.yaml departs from BranchGRPO's official code changed alone (the screen
+# arms, methods.ARMS), all of them together (branchgrpo_official), and treegrpo_official against
+# treegrpo, at the comparison's 750k protocol on two sweep seeds. The rates: BranchGRPO's chosen 1e-5
+# and 1e-4, where today's preset peaks and collapses; branchgrpo_official also at 3e-4, DanceGRPO's
+# chosen rate (its script uses DanceGRPO's rate); TreeGRPO's chosen 1e-4 and its 3e-4. The learning-
+# rate departure alone is today's preset at DanceGRPO's rate, a sweep run already cached.
+SCREEN_SEEDS = (100, 101)
+SCREEN_RATES: dict[str, tuple[float, ...]] = {
+    "branchgrpo_official": (1e-5, 1e-4, 3e-4),
+    "branchgrpo_binary": (1e-5, 1e-4),
+    "branchgrpo_split_noise": (1e-5, 1e-4),
+    "branchgrpo_updates": (1e-5, 1e-4),
+    "branchgrpo_equal_weight": (1e-5, 1e-4),
+    "treegrpo_official": (1e-4, 3e-4),
+}
+SCREEN_BASELINES: dict[str, tuple[float, ...]] = {"branchgrpo": (1e-5, 1e-4, 3e-4), "treegrpo": (1e-4, 3e-4)}
+"""Today's presets at the same rates and seeds: the sweep runs each arm is paired with."""
+
+
+def screen_jobs() -> list[RunSpec]:
+    """The screen's runs in the order to train them: arm by arm (a screen cut short reports whole
+    arms), each arm's rates, then its seeds."""
+    return [RunSpec(m, lr, s) for m, rates in SCREEN_RATES.items() for lr in rates for s in SCREEN_SEEDS]
+
+
 def curve(run: Run) -> list[tuple[float, float]]:
     return [(p["units"], p["reward"]) for p in run.curve]
 

@@ -6,7 +6,9 @@ pairs*, one per edge on each leaf's root-to-leaf path, and every estimator is a 
 reductions over those pairs (or, for the softmax backup, one pass per depth level).
 
 Leaf normalisation (all methods but ``branch_fusion``): per prompt over all of its leaves,
-``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO, DanceGRPO); with
+``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO), or with
+``std_estimator="sample"`` the n - 1 one (``torch.std``'s default, which DanceGRPO's and
+BranchGRPO's code use; it matters for BranchGRPO's depth groups of two); with
 ``std_scope="global"`` the mean is still the prompt's but the std is taken over every leaf of the
 batch (Flow-GRPO's ``global_std=True``). Several rewards arrive already combined into one score
 per leaf by :func:`combine_rewards` (called by ``MultiReward``): each column normalised per prompt,
@@ -41,6 +43,7 @@ from .choices import check_choice, choices
 
 AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
 StdScope = Literal["group", "global"]
+StdEstimator = Literal["population", "sample"]
 METHODS: tuple[str, ...] = choices(AdvantageMethod)
 _DEPTH_STD_FLOOR = 1e-6  # BranchGRPO: a depth group with smaller spread carries no signal
 
@@ -59,9 +62,16 @@ def _segment_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
     return e / _segment_sum(e, index, size)[index]  # [N]
 
 
-def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8, std_scope: StdScope = "group") -> Tensor:
-    """``(v - mean) / (std + eps)`` within each group, population std; columns independently.
-    ``std_scope="global"``: the std of all ``values`` (per column) instead of the group's.
+def normalize_per_group(
+    values: Tensor,
+    group: Tensor,
+    eps: float = 1e-8,
+    std_scope: StdScope = "group",
+    std_estimator: StdEstimator = "population",
+) -> Tensor:
+    """``(v - mean) / (std + eps)`` within each group, columns independently; the population std
+    or (``std_estimator="sample"``) the n - 1 one. ``std_scope="global"``: the std of all
+    ``values`` (per column) instead of the group's.
 
     A group whose values are all equal gets exactly 0 (it carries no signal): its computed mean
     can differ from the values in the last bit (``3 * 0.1 / 3 != 0.1``), which ``/ (0 + eps)``
@@ -74,13 +84,14 @@ def normalize_per_group(values: Tensor, group: Tensor, eps: float = 1e-8, std_sc
     v = values.double()  # float64: leaf counts are small, and cancellation in var would hurt
     count = _segment_sum(torch.ones_like(v), g, G)  # [G, (K)]
     mean = _segment_sum(v, g, G) / count  # [G, (K)]
-    var = _segment_sum((v - mean[g]).square(), g, G) / count  # [G, (K)] population variance
+    ddof = 1 if std_estimator == "sample" else 0
+    var = _segment_sum((v - mean[g]).square(), g, G) / (count - ddof).clamp(min=1)  # [G, (K)]
     index = g.reshape(-1, *([1] * (v.ndim - 1))).expand_as(v)  # [L, (K)]
     hi = v.new_full((G, *v.shape[1:]), float("-inf")).scatter_reduce(0, index, v, reduce="amax")
     lo = v.new_full((G, *v.shape[1:]), float("inf")).scatter_reduce(0, index, v, reduce="amin")
     constant = (hi == lo)[g]  # [L, (K)]
     if std_scope == "global":
-        std = v.std(dim=0, unbiased=False).expand_as(v)  # [L, (K)] one std per column
+        std = v.std(dim=0, correction=ddof).expand_as(v)  # [L, (K)] one std per column
     else:
         std = var.sqrt()[g]  # [L, (K)]
     a = (v - mean[g]) / (std + eps)  # [L, (K)]
@@ -164,6 +175,7 @@ def tree_advantages(
     eps: float = 1e-8,
     clip: float | None = None,
     std_scope: StdScope = "group",
+    std_estimator: StdEstimator = "population",
 ) -> Tensor:
     """Per-edge advantages from leaf rewards; see the module docstring for the methods.
 
@@ -181,6 +193,8 @@ def tree_advantages(
         clip: clamp advantages to ``[-clip, clip]`` (BranchGRPO clips at 5); ``None`` leaves them.
         std_scope: ``"group"`` (per prompt) or ``"global"`` (over all leaves: Flow-GRPO) std in the
             leaf normalisation; ``branch_fusion`` normalises per depth and takes ``"group"`` only.
+        std_estimator: ``"population"`` or ``"sample"`` (n - 1) std, in the leaf normalisation
+            and in ``branch_fusion``'s depth-wise one.
 
     Returns:
         [E] float32 advantages, in edge order.
@@ -190,6 +204,7 @@ def tree_advantages(
             edge without any leaf below it, or a missing ``edge_old_log_prob``.
     """
     check_advantage_options(method, std_scope, prefix="advantage ")
+    check_choice("advantage std_estimator", std_estimator, StdEstimator)
     E, L = edge_parent.shape[0], leaf_edge.shape[0]
     if leaf_rewards.ndim != 1:
         raise ValueError(
@@ -226,9 +241,9 @@ def tree_advantages(
     if method == "branch_fusion":
         weights = _segment_softmax(beta * pairs.log_prob_below, pairs.edge, E)  # [Q]
         fused = _segment_sum(weights * score[pairs.leaf], pairs.edge, E)  # [E]
-        adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps)
+        adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps, std_estimator)
     else:
-        a = normalize_per_group(score, leaf_prompt, eps, std_scope)  # [L]
+        a = normalize_per_group(score, leaf_prompt, eps, std_scope, std_estimator)  # [L]
         mean_below = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
         if method == "mean":
             adv = mean_below
@@ -254,14 +269,17 @@ def _depth_from_pairs(pairs: PathPairs, num_edges: int) -> Tensor:
     return out
 
 
-def _normalize_depthwise(values: Tensor, prompt: Tensor, depth: Tensor, eps: float) -> Tensor:
+def _normalize_depthwise(
+    values: Tensor, prompt: Tensor, depth: Tensor, eps: float, std_estimator: StdEstimator = "population"
+) -> Tensor:
     """BranchGRPO's depth-wise normalisation over edges of the same (prompt, depth)."""
     group = prompt * (int(depth.max()) + 1) + depth  # [E]
     _, g = torch.unique(group, return_inverse=True)
     G = int(g.max()) + 1
     count = _segment_sum(torch.ones_like(values), g, G)  # [G]
     mean = _segment_sum(values, g, G) / count
-    std = (_segment_sum((values - mean[g]).square(), g, G) / count).sqrt()  # [G] population
+    ddof = 1 if std_estimator == "sample" else 0
+    std = (_segment_sum((values - mean[g]).square(), g, G) / (count - ddof).clamp(min=1)).sqrt()  # [G]
     degenerate = (count < 2) | (std < _DEPTH_STD_FLOOR)  # [G]
     out = (values - mean[g]) / (std[g] + eps)
     return torch.where(degenerate[g], torch.zeros_like(out), out)

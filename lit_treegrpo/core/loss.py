@@ -13,7 +13,9 @@ step (same std): ``kl_form="exact"`` divides by the step's variance ``std^2 = g^
 ``|dt|`` -- 4-30x weaker at T = 10, so a ``kl_beta`` from Flow-GRPO's configs needs this form. Aggregation over edges: each edge belongs to a *group* (its parent node,
 whose k children share one forward); ``aggregation="sum"`` sums the k child losses of a parent as
 TreeGRPO's code does (``loss_agg: sum``), ``"mean"`` averages them; the result is averaged over
-groups. Without groups every edge is its own group (flat GRPO: both are the plain mean).
+groups. ``"edge"`` ignores the groups: every edge weighs the same (BranchGRPO's code, which steps
+through its transitions one by one). Without groups every edge is its own group (flat GRPO: all
+three are the plain mean).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .choices import check_choice
 from .compute import Compute
 from .rollout import Parents, PredictFn, RolloutTree, StepFn, dense_ids, recompute_log_probs
 
-Aggregation = Literal["sum", "mean"]
+Aggregation = Literal["sum", "mean", "edge"]
 KLForm = Literal["exact", "flow_grpo"]
 
 
@@ -69,7 +71,8 @@ class ClippedPolicyLoss(nn.Module):
         adv_clip: clamp advantages to ``[-adv_clip, adv_clip]`` (5 in every peer).
         kl_beta: weight of the KL to the reference mean; 0 disables it (TreeGRPO, DanceGRPO).
         clip_range_high: upper clip; ``None`` means ``clip_range`` (symmetric).
-        aggregation: ``"sum"`` or ``"mean"`` over the children of a parent, see the module doc.
+        aggregation: ``"sum"`` or ``"mean"`` over the children of a parent, or ``"edge"`` (every
+            edge alike), see the module doc.
         kl_form: ``"exact"`` (the Gaussians' KL) or ``"flow_grpo"`` (Flow-GRPO's, the exact KL
             times the step size ``|dt|``; needs ``step_size`` in :meth:`forward`).
     """
@@ -170,8 +173,8 @@ class ClippedPolicyLoss(nn.Module):
         )
 
     def _aggregate(self, per_edge: Tensor, group: Tensor | None) -> Tensor:
-        """Sum or mean over each group's edges, then mean over groups. [B] -> []."""
-        if group is None:
+        """Sum or mean over each group's edges, then mean over groups; ``"edge"``: mean over edges. [B] -> []."""
+        if group is None or self.aggregation == "edge":
             return per_edge.mean()
         if group.shape != per_edge.shape:
             raise ValueError(f"group has shape {tuple(group.shape)}, expected {tuple(per_edge.shape)}")

@@ -227,6 +227,8 @@ def rollout(
             x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
         rows_per_prompt = spec.nodes_at(t) * k  # frontier rows of each prompt, contiguous
         eps = _step_noise(x.shape, rows_per_prompt, generator, device)  # [N*k, *S] float32
+        if k > 1 and spec.split_noise_scale != 1.0:
+            eps = eps * spec.split_noise_scale  # [N*k, *S] wider draws, scored with the step's own std
         with torch.set_grad_enabled(grad_stochastic):
             out = step(model_output, x, t, stochastic=True, noise=eps)
         if grad_stochastic:

@@ -175,6 +175,12 @@ class TreeSpec:
     last step deterministic; MixGRPO keeps 2."""
     window: WindowSchedule | None = None
     """Optional schedule that moves the branch or SDE steps per training step (:meth:`at`)."""
+    split_noise_scale: float = 1.0
+    """Multiplies the noise of the children drawn at a branch step while their log-probs keep the
+    step's own std, as BranchGRPO's code does (``--tree_split_noise_scale 4``). Anything but 1 makes
+    the split edges off-policy: sampled from N(mean, (scale std)^2), scored under N(mean, std^2).
+    The first ratio is still 1 (both log-probs use the unscaled std). 1 everywhere but
+    ``configs/methods/branchgrpo_official.yaml``."""
 
     def __post_init__(self) -> None:
         # Lists (Python callers, YAML) become tuples so that the spec stays hashable.
@@ -182,6 +188,10 @@ class TreeSpec:
             object.__setattr__(self, name, tuple(int(s) for s in getattr(self, name)))
         if not isinstance(self.branching, int):
             object.__setattr__(self, "branching", tuple(int(k) for k in self.branching))
+        if not (math.isfinite(self.split_noise_scale) and self.split_noise_scale > 0):
+            raise ValueError(
+                f"split_noise_scale must be a finite number > 0 (1: no scaling), got {self.split_noise_scale}"
+            )
         T = self.num_steps
         if T is None:
             return  # checked once the adapter's number of steps is filled in (with_num_steps)

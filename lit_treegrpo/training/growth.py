@@ -127,6 +127,7 @@ class TreeGrowth:
             beta=a.beta,
             clip=a.clip,
             std_scope=a.std_scope,
+            std_estimator=a.std_estimator,
         )
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.advantages import AdvantageMethod, StdScope, check_advantage_options
+from ..core.advantages import AdvantageMethod, StdEstimator, StdScope, check_advantage_options
+from ..core.choices import check_choice
 from ..core.spec import RolloutLimits, TreeSpec
 
 
@@ -30,9 +31,13 @@ class AdvantageSettings:
     """Std of the leaf normalisation: ``group`` (per prompt: TreeGRPO, DanceGRPO) or ``global``
     (over all leaves of this process's batch, the mean still per prompt: Flow-GRPO's
     ``global_std``). Not for ``branch_fusion``."""
+    std_estimator: StdEstimator = "population"
+    """``population`` (TreeGRPO's code) or ``sample`` (the n - 1 std of ``torch.std``, as
+    DanceGRPO's and BranchGRPO's code normalise), in the leaf and the depth-wise normalisation."""
 
     def __post_init__(self) -> None:
         check_advantage_options(self.method, self.std_scope, prefix="advantage.")
+        check_choice("advantage.std_estimator", self.std_estimator, StdEstimator)
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"advantage.clip must be > 0 or null, got {self.clip}")
 

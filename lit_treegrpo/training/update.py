@@ -174,7 +174,8 @@ class PolicyUpdate:
         accumulated, synchronised after the last one only when ``last``): the same gradient as one
         pass up to float rounding, because the loss is a mean over parents (each parent's children
         summed or averaged first: :class:`~lit_treegrpo.core.loss.ClippedPolicyLoss`), so a part of
-        ``U_j`` of the ``U`` parents weighs ``U_j / U``. Returns the micro-batch's loss (detached),
+        ``U_j`` of the ``U`` parents weighs ``U_j / U`` (of ``B_j`` of ``B`` edges, ``B_j / B``, with
+        aggregation ``"edge"``). Returns the micro-batch's loss (detached),
         its statistics combined alike (per-edge means weighted by edges) and its forwards."""
         parts = split_by_parent(tree, edges, chunks)
         parents = [num_parents(tree, part) if part.numel() else 0 for part in parts]
@@ -185,7 +186,9 @@ class PolicyUpdate:
         for j, part in enumerate(parts):
             with optimizer.toggle_model(sync_grad=last and j == len(parts) - 1):
                 loss, stats, n = self._edge_loss(tree, cond, advantages, part)
-                share = parents[j] / total_parents
+                # the loss is a mean over parents, or over edges with aggregation "edge"
+                by_edge = self.loss_fn.aggregation == "edge"
+                share = part.numel() / total_edges if by_edge else parents[j] / total_parents
                 self.manual_backward(loss * share / self.accumulate)
             weights = {name: share if name in by_parent else part.numel() / total_edges for name in LossOutput._fields}
             combined = [

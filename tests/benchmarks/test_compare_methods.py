@@ -7,7 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from compare.methods import HEADLINE, TASK, VARIANTS, RunSpec, method_names, preset, run_args
+from compare.methods import (
+    ARMS,
+    HEADLINE,
+    OFFICIAL,
+    TASK,
+    VARIANTS,
+    RunSpec,
+    method_names,
+    preset,
+    preset_files,
+    run_args,
+)
 from compare.runs import Protocol, train
 
 from lit_treegrpo.cli import TreeGRPOCLI
@@ -25,7 +36,14 @@ SIZES = {
     "dancegrpo": (27, 27 * 10, 27 * 8, 27 * 8),
     "flowgrpo": (27, 27 * 10, 27 * 8, 27 * 8),
     "mixgrpo": (27, 27 * 10, 27 * 4, 27 * 4),
+    # k=2 at steps 0-3 (nodes 1, 2, 4, 8, then 16 on the six steps left); TreeGRPO trains the splits only
+    "treegrpo_official": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16, 1 + 2 + 4 + 8),
+    # ... BranchGRPO also the SDE steps 4-7
+    "branchgrpo_official": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
+    "branchgrpo_binary": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
 }
+# the other screen arms change no tree: branchgrpo's
+SIZES.update({arm: SIZES["branchgrpo"] for arm in ARMS if arm not in SIZES})
 METHOD_KEYS = ("tree", "advantage", "loss", "minibatches", "edges_per_update", "inner_epochs")
 
 
@@ -49,24 +67,27 @@ def method_of(parser, *configs: Path) -> dict:
 
 
 def test_every_method_has_one_preset() -> None:
-    assert set(method_names()) == set(HEADLINE) | set(VARIANTS) == set(SIZES)
+    assert set(method_names()) == set(HEADLINE) | set(VARIANTS) | set(OFFICIAL) | set(ARMS) == set(SIZES)
+    # a screen arm is its base preset and one file; every other method is one preset
+    assert all(preset_files(arm) == [preset(base), preset(arm)] for arm, base in ARMS.items())
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_a_preset_states_the_whole_method_whatever_the_base_config_says(parser, name: str) -> None:
-    alone = method_of(parser, TASK, preset(name))
+    alone = method_of(parser, TASK, *preset_files(name))
     # composed over another method first, nothing of that method leaks through
     for other in ("mixgrpo", "branchgrpo", "flowgrpo"):
-        assert method_of(parser, TASK, preset(other), preset(name)) == alone, other
+        assert method_of(parser, TASK, preset(other), *preset_files(name)) == alone, other
     assert alone["tree"]["num_steps"] is None and alone["num_steps"] == 10  # stated once, by the adapter
     spec = TreeSpec.from_dict(alone["tree"]).with_num_steps(10)  # its own steps: the window at offset 0
     assert (spec.num_leaves, spec.nfe(), spec.num_edges(), spec.train_nfe()) == SIZES[name]
     for step in (0, 9, 10, 49, 50, 1000):  # a moving window stays off the deterministic tail
         moved = spec.at(step, run_seed=7)
-        assert moved.num_leaves == 27 and all(s < 8 for s in moved.branch_steps + moved.sde_steps)
+        assert moved.num_leaves == SIZES[name][0] and all(s < 8 for s in moved.branch_steps + moved.sde_steps)
 
 
-@pytest.mark.parametrize("name", ["treegrpo", "dancegrpo"])  # dancegrpo: its pruning schedule is a callback
+# dancegrpo: its pruning schedule is a callback; the official presets: their optimizer options and tree
+@pytest.mark.parametrize("name", ["treegrpo", "dancegrpo", "treegrpo_official", "branchgrpo_official"])
 def test_the_benchmark_trains_what_fit_trains(tmp_path: Path, name: str) -> None:
     spec = RunSpec(name, 3e-4, 5)
     cli = TreeGRPOCLI(args=["fit", *run_args(spec), "--max_iterations", "1", "--trainer.default_root_dir", str(tmp_path),
@@ -78,7 +99,8 @@ def test_the_benchmark_trains_what_fit_trains(tmp_path: Path, name: str) -> None
     first = bench.run.iterations[0]
     assert first["loss"] == float(cli.trainer.callback_metrics["loss"])
     assert first["units"] == float(cli.trainer.callback_metrics["compute/units"]) > 0
-    assert first["optimizer_steps"] == cli.trainer.global_step == {"treegrpo": 2, "dancegrpo": 3}[name]
+    steps = {"treegrpo": 2, "dancegrpo": 3, "treegrpo_official": 2, "branchgrpo_official": 8}  # 752 edges / 96
+    assert first["optimizer_steps"] == cli.trainer.global_step == steps[name]
     mine, theirs = list(bench.module.adapter.trainable_parameters()), list(fitted.adapter.trainable_parameters())
     assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
 

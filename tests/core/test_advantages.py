@@ -709,3 +709,20 @@ def test_std_scope_and_method_rule_is_stated_once() -> None:
         ValueError, match=r"^method must be 'mean', 'logprob_softmax', 'branch_fusion' or 'parent_relative', got 'x'$"
     ):
         check_advantage_options("x", "group")
+
+
+def test_sample_std_estimator_hand_numbers():
+    # R = 1, 3, 2, 4 on the depth-2 tree. The n - 1 std (torch.std's default, which BranchGRPO's and
+    # DanceGRPO's code use): leaves mean 2.5, deviations -1.5, 0.5, -0.5, 1.5, sample variance
+    # (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3, so a = (r - 2.5) * sqrt(3/5) instead of / (sqrt5 / 2).
+    s = math.sqrt(3 / 5)
+    leaves = [-1.5 * s, 0.5 * s, -0.5 * s, 1.5 * s]
+    args = (_t(R), _long(EP), _long(LEAF_EDGE), _long([0, 0, 0, 0]))
+    # mean: e0 = (a0 + a1) / 2 = -0.5 s, e1 = 0.5 s
+    _close(tree_advantages(*args, method="mean", std_estimator="sample"), [-0.5 * s, 0.5 * s, *leaves])
+    # branch_fusion (beta 0): depth 0 fuses to 2 and 3, deviations -0.5, 0.5, sample std sqrt(0.5),
+    # so -1/sqrt2 and 1/sqrt2 (population: -1 and 1); depth 1 is the leaves' normalisation above
+    out = tree_advantages(*args, method="branch_fusion", beta=0.0, std_estimator="sample")
+    _close(out, [-1 / math.sqrt(2), 1 / math.sqrt(2), *leaves])
+    with pytest.raises(ValueError, match="std_estimator must be 'population' or 'sample'"):
+        tree_advantages(*args, std_estimator="unbiased")

@@ -83,6 +83,9 @@ def test_aggregation_over_children_of_a_parent() -> None:
     torch.testing.assert_close(mean, torch.tensor((-2.0 - 4.0) / 2), atol=1e-6, rtol=0)
     plain = ClippedPolicyLoss(aggregation="sum")(lp, old, adv).loss
     torch.testing.assert_close(plain, torch.tensor(-2.5), atol=1e-6, rtol=0)
+    # "edge" (BranchGRPO's code): every edge alike, whatever its parent: (-1 - 2 - 3 - 4) / 4
+    by_edge = ClippedPolicyLoss(aggregation="edge")(lp, old, adv, group=group).loss
+    torch.testing.assert_close(by_edge, torch.tensor(-2.5), atol=1e-6, rtol=0)
 
 
 def test_kl_to_reference_mean() -> None:

@@ -330,3 +330,42 @@ def test_every_method_draws_the_same_first_root_noise_for_a_prompt() -> None:
     shared = roots(TreeSpec(4, sde_steps=(0, 1, 2), num_trees=5, shared_noise=True))  # [10, 2, 8]
     assert torch.equal(tree, flat[::5]) and torch.equal(tree, shared[::5])
     assert torch.equal(shared[:5], tree[:1].expand(5, 2, 8)) and not torch.equal(flat[1], flat[0])
+
+
+def test_split_noise_scale_widens_the_split_children_and_scores_them_with_the_steps_own_std() -> None:
+    # BranchGRPO's code (--tree_split_noise_scale 4): a split child is mean + 4 * std * eps, and its
+    # log-prob is the Gaussian density under the unscaled std. ToyFlow at T=4, noise level 0.7:
+    # step 0 goes sigma 1 -> 0.75, g = 0.7 * sqrt(1 / (1 - 0.75)) = 1.4, std = g * sqrt(0.25) = 0.7.
+    spec = TreeSpec(4, branch_steps=(0,), branching=2, sde_steps=(1,), split_noise_scale=4.0)
+    model, shape = ToyFlow(4), (1, 64, 64)
+    cond = torch.tensor([0.5])
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randn((1, *shape), generator=gen)
+    tree = rollout(model.predict, model.step, spec, cond, noise, generator=gen)
+    replay = torch.Generator().manual_seed(3)
+    torch.randn((1, *shape), generator=replay)  # the root noise
+    eps = torch.randn((2, *shape), generator=replay)  # step 0: the two children
+    mean = model.step(model.predict(noise, 0, cond), noise, 0, stochastic=True, noise=torch.zeros_like(noise)).mean
+    assert torch.allclose(tree.edge_x_next[:2], mean + 4 * 0.7 * eps, atol=1e-6)
+    # the children spread with 4x the step's std: 2.8 per element (8192 draws: within 3%)
+    spread = (tree.edge_x_next[:2] - mean).std()
+    assert abs(float(spread) / (4 * 0.7) - 1) < 0.03
+    # the official log-prob: mean over elements of -(x - mean)^2 / (2 std^2) - log std - log sqrt(2 pi),
+    # with x - mean = 4 std eps, i.e. -8 eps^2 - log 0.7 - log sqrt(2 pi)
+    expected = (-8 * eps.square() - math.log(0.7) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
+    assert torch.allclose(tree.edge_old_log_prob[:2], expected, atol=1e-5)
+    # the non-splitting SDE step draws with its own std: step 1, sigma 0.75 -> 0.5, g = 0.7 * sqrt(3),
+    # std = g * sqrt(0.25)
+    eps1 = torch.randn((2, *shape), generator=replay)
+    x1 = tree.edge_x_next[:2]
+    mean1 = model.step(model.predict(x1, 1, cond.repeat(2)), x1, 1, stochastic=True, noise=torch.zeros_like(x1)).mean
+    assert torch.allclose(tree.edge_x_next[2:], mean1 + 0.7 * math.sqrt(3) * 0.5 * eps1, atol=1e-5)
+    # recomputed by the same policy, the log-probs are the recorded ones: the first ratio is 1
+    out = recompute_log_probs(model.predict, model.step, tree, torch.arange(tree.num_edges), cond)
+    assert torch.equal(out.step.log_prob, tree.edge_old_log_prob)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan])
+def test_split_noise_scale_must_be_a_positive_number(scale: float) -> None:
+    with pytest.raises(ValueError, match="split_noise_scale must be a finite number > 0"):
+        TreeSpec(4, branch_steps=(0,), branching=2, split_noise_scale=scale)

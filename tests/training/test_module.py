@@ -483,8 +483,16 @@ class _RecordingSGD(torch.optim.SGD):
 
 @pytest.mark.parametrize(
     "settings",
-    [dict(), dict(loss=ClippedPolicyLoss(aggregation="mean", kl_beta=0.1), accumulate=2)],
-    ids=["sum", "mean_kl_accumulate"],
+    [
+        dict(),
+        dict(loss=ClippedPolicyLoss(aggregation="mean", kl_beta=0.1), accumulate=2),
+        # parents of 2 children (the split) and of 1 (the SDE step) in one micro-batch: a part's share
+        # is its edges', not its parents'
+        dict(
+            loss=ClippedPolicyLoss(aggregation="edge"), tree=TreeSpec(T, branch_steps=(0,), branching=2, sde_steps=(1,))
+        ),
+    ],
+    ids=["sum", "mean_kl_accumulate", "edge"],
 )
 def test_a_micro_batch_split_by_the_training_guard_gives_the_same_update(tmp_path, settings) -> None:
     results = {}
@@ -672,9 +680,11 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
         "seed",
         "optimizer",
     }
-    # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module option)
+    # the tree since lost its memory knobs (now RolloutLimits) and gained shared_noise (was a module
+    # option) and split_noise_scale (at 1, the scale every run before it sampled with)
     migrated = {k: v for k, v in theirs["tree"].items() if k not in ("max_batch", "max_leaves")}
-    assert ours["tree"] == {**migrated, "shared_noise": False} and "max_batch" in theirs["tree"]
+    assert ours["tree"] == {**migrated, "shared_noise": False, "split_noise_scale": 1.0}
+    assert "max_batch" in theirs["tree"]
     assert list(mine["lit_treegrpo"]["faults"]) == list(saved["faults"])
 
 
