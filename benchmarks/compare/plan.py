@@ -38,11 +38,30 @@ class Design:
     grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(GRIDS))
     headline: tuple[str, ...] = HEADLINE
     variants: tuple[str, ...] = VARIANTS
+    official: tuple[str, ...] = ()
+    """Swept and reported like the headline methods, compared with them in the fidelity table but
+    kept out of the headline pairs and targets (``methods.OFFICIAL``)."""
+    extra_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Reported seeds beyond ``report_seeds`` for some headline methods (a pre-registered extension
+    of one pair), trained after everything else."""
 
     def __post_init__(self) -> None:
-        both = set(self.sweep_seeds) & (set(self.report_seeds) | set(self.variant_seeds))
+        extra = {s for seeds in self.extra_seeds.values() for s in seeds}
+        both = set(self.sweep_seeds) & (set(self.report_seeds) | set(self.variant_seeds) | extra)
         if both:
             raise ValueError(f"seeds {sorted(both)} would both tune and be reported; keep them apart")
+        unknown = [m for m in (*self.official, *self.extra_seeds) if m not in self.grids]
+        if unknown:
+            raise ValueError(f"{unknown} have no learning-rate grid in the design")
+
+    @property
+    def swept(self) -> tuple[str, ...]:
+        """Every method with a sweep of its own: the headline methods, then the official presets."""
+        return (*self.headline, *self.official)
+
+    def seeds_of(self, method: str) -> tuple[int, ...]:
+        """The reported seeds of a swept method (its extension included)."""
+        return (*self.report_seeds, *self.extra_seeds.get(method, ()))
 
 
 # The comparison as first run (benchmarks/results/shapes_cpu): TreeGRPO's curve had not flattened at
@@ -63,6 +82,11 @@ PLATEAU = Design(protocol=Protocol(budget=750_000.0, evaluations=25))
 # At 750k (benchmarks/results/shapes_cpu_750k) TreeGRPO's ten-seed curve passes the plateau check,
 # so it is the comparison the docs report and the default of ``compare_methods.py --design``.
 FULL = PLATEAU
+# The ceilings (docs/benchmarks.md, "Settling the verdict"), fixed before their runs: each headline
+# method still rising at 750k, at its 750k-chosen rate (no sweep of its own), seeds 0-4, to a cap of
+# 1.2M units with the same evaluation spacing (in benchmarks/results/shapes_cpu_1200k).
+CEILING = Design(protocol=Protocol(budget=1_200_000.0, evaluations=40), report_seeds=tuple(range(5)), variants=())
+CEILING_ORDER = ("dancegrpo", "flowgrpo", "branchgrpo", "branchgrpo_official")
 QUICK = Design(
     protocol=Protocol(budget=15_000.0, evaluations=3, eval_seeds=2),
     sweep_seeds=(100,),
@@ -99,6 +123,25 @@ def screen_jobs() -> list[RunSpec]:
     """The screen's runs in the order to train them: arm by arm (a screen cut short reports whole
     arms), each arm's rates, then its seeds."""
     return [RunSpec(m, lr, s) for m, rates in SCREEN_RATES.items() for lr in rates for s in SCREEN_SEEDS]
+
+
+def ceiling_jobs(reported: RunCache, design: Design = FULL) -> list[RunSpec]:
+    """The ceiling runs, in :data:`CEILING_ORDER`: each method whose ``design`` runs (in
+    ``reported``) the plateau test finds still rising, at the rate its sweep chose there, method
+    after method (a cut-short extension reports whole methods)."""
+    sweeps = sweeps_of(reported, design)
+    out = []
+    for method in CEILING_ORDER:
+        lr = sweeps[method].chosen if method in sweeps else None
+        if lr is None:
+            continue
+        runs = [r for s in design.seeds_of(method) if (r := reported.load(RunSpec(method, lr, s))) is not None]
+        if len(runs) < 2:
+            continue
+        test = stats.plateau_test([curve(r) for r in runs], design.protocol.budget, design.protocol.evaluations)
+        if test["verdict"] == "still rising":
+            out += [RunSpec(method, lr, s) for s in CEILING.report_seeds]
+    return out
 
 
 def curve(run: Run) -> list[tuple[float, float]]:
@@ -155,12 +198,13 @@ def sweep_of(cache: RunCache, method: str, design: Design = FULL) -> Sweep:
         grids.append(moved)
 
 
-def targets(sweeps: dict[str, Sweep]) -> dict[str, Any] | None:
-    """The targets fixed from the sweep seeds (None until every headline sweep is complete)."""
-    if any(s.chosen is None for s in sweeps.values()):
+def targets(sweeps: dict[str, Sweep], headline: tuple[str, ...] = HEADLINE) -> dict[str, Any] | None:
+    """The targets fixed from the headline sweeps' seeds (None until every one is complete)."""
+    names = [m for m in headline if m in sweeps]
+    if any(sweeps[m].chosen is None for m in names):
         return None
     plateaus = {}
-    for m in sweeps:
+    for m in names:
         values = sweeps[m].rates[sweeps[m].chosen]  # type: ignore[index]
         plateaus[m] = statistics.fmean(values)  # type: ignore[arg-type]
     best_flat = max((m for m in FLAT if m in plateaus), key=plateaus.__getitem__)
@@ -172,7 +216,7 @@ def targets(sweeps: dict[str, Sweep]) -> dict[str, Any] | None:
 
 
 def sweeps_of(cache: RunCache, design: Design = FULL) -> dict[str, Sweep]:
-    return {m: sweep_of(cache, m, design) for m in design.headline}
+    return {m: sweep_of(cache, m, design) for m in design.swept}
 
 
 def jobs(
@@ -197,6 +241,16 @@ def jobs(
             lr = sweeps[VARIANT_OF[v]].chosen
             if lr is not None:
                 out += [RunSpec(v, lr, seed) for seed in design.variant_seeds]
+    out += [RunSpec(m, lr, s) for m in design.official for lr in sweeps[m].grid for s in design.sweep_seeds]
+    for seed in design.report_seeds:
+        out += [RunSpec(m, sweeps[m].chosen, seed) for m in design.official if sweeps[m].chosen is not None]
+    extended = sorted({s for seeds in design.extra_seeds.values() for s in seeds})
+    for seed in extended:  # seed-major across the extended methods: a pair grows pair by pair
+        out += [
+            RunSpec(m, sweeps[m].chosen, seed)
+            for m, seeds in design.extra_seeds.items()
+            if seed in seeds and sweeps[m].chosen is not None
+        ]
     return out
 
 
@@ -229,8 +283,8 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
     pending = [s for s in jobs(cache, design, variants=variants, sweeps=sweeps) if s not in done]
     every = [r for rs in rates.values() for r in rs]
     starts = {s: cache.start(s) for s in pending}
-    unchosen = [m for m in design.headline if sweeps[m].chosen is None]
-    later = [m for m in unchosen for _ in design.report_seeds]
+    unchosen = [m for m in design.swept if sweeps[m].chosen is None]
+    later = [m for m in unchosen for _ in design.seeds_of(m)]
     if variants:
         later += [v for v in design.variants if VARIANT_OF[v] in unchosen for _ in design.variant_seeds]
     seconds = seconds_later = None

@@ -1,5 +1,6 @@
-"""The comparison's plots: held-out reward against compute and against sampling NFE, each method's
-seed mean with its 95% bootstrap band, drawn from ``results.json``'s reported curves."""
+"""The comparison's plots: held-out reward against compute, against sampling NFE and (with a timing)
+against seconds, each method's seed mean with its 95% bootstrap band, drawn from ``results.json``'s
+reported curves."""
 
 from __future__ import annotations
 
@@ -21,20 +22,36 @@ def _band(
 
 
 def draw(report: dict[str, Any], out: Path) -> list[Path]:
-    """``reward_vs_compute.png`` and ``reward_vs_nfe.png`` in ``out``; their paths."""
+    """``reward_vs_compute.png``, ``reward_vs_nfe.png`` and ``reward_vs_seconds.png`` (when the
+    report has a seconds axis) in ``out``; their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for key, label, name in (
+    axes = [
         ("units", "compute units (sampling + 3 x trained + reference forwards)", "reward_vs_compute.png"),
         ("sampling_nfe", "sampling NFE (rollout forwards)", "reward_vs_nfe.png"),
-    ):
+    ]
+    rates = (report.get("seconds") or {}).get("seconds_per_unit", {})
+    if rates:
+        axes.append(
+            (
+                "seconds_axis",
+                "seconds (counted units x the method's measured seconds per unit)",
+                "reward_vs_seconds.png",
+            )
+        )
+    for key, label, name in axes:
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
         for i, (method, m) in enumerate(report["methods"].items()):
-            xs, band = _band(m["curves"], key)
+            curves = m["curves"]
+            if key == "seconds_axis":
+                if method not in rates:
+                    continue
+                curves = [[{**p, "seconds_axis": p["units"] * rates[method]} for p in c] for c in curves]
+            xs, band = _band(curves, key)
             ax.plot(xs, [b["mean"] for b in band], color=f"C{i}", label=f"{method} ({m['n']} seeds)")
             ax.fill_between(xs, [b["lo"] for b in band], [b["hi"] for b in band], color=f"C{i}", alpha=0.15)
         ax.set_xlabel(label)

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from . import stats
+from . import fidelity, settle, stats
 from .methods import VARIANT_OF, RunSpec, description
-from .plan import Design, curve, sweeps_of, targets
+from .plan import CEILING, Design, curve, sweeps_of, targets
 from .runs import Run, RunCache
 
 
@@ -94,7 +94,8 @@ def method_summary(
         "final": stats.bootstrap([stats.at(c, budget) for c in curves], seed=seed),
         "at_units": {f"{x:.0f}": stats.bootstrap([stats.at(c, x) for c in curves], seed=seed) for x in levels(budget)},
         "auc": stats.bootstrap([stats.area(c, budget) for c in curves], seed=seed),
-        "plateau": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),
+        "last_three": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),
+        "plateau": stats.plateau_test(curves, budget, design.protocol.evaluations, seed=seed),
         # a run that peaks and then collapses ends lower than it was: the final reward alone hides
         # it, so each seed's best held-out evaluation and its fall from there to the end are reported
         "peak": stats.bootstrap([max(y for _, y in c) for c in curves], seed=seed),
@@ -139,19 +140,50 @@ def pairs(methods: dict[str, Any], names: tuple[str, ...], seed: int) -> dict[st
         out[f"{a} - {b}"] = {
             "seeds": common,
             "final": stats.paired_difference(pick(ma, "final"), pick(mb, "final"), seed=seed),
+            "final_t": stats.paired_t(pick(ma, "final"), pick(mb, "final")),
             "auc": stats.paired_difference(pick(ma, "auc"), pick(mb, "auc"), seed=seed),
         }
     return out
 
 
-def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """``results.json``'s content from the cached runs of ``design``."""
+def ceiling_runs(folder: Path, chosen: dict[str, float | None], seed: int = 0) -> dict[str, Any]:
+    """The longer design's summaries (``plan.CEILING``, its runs in ``folder``) of each method it
+    holds at least two seeds of, at the rate this comparison chose: what :func:`settle.ceiling`
+    reads for a method still rising at this budget."""
+    cache = RunCache(folder, CEILING.protocol)
+    out = {}
+    for method, lr in chosen.items():
+        if lr is None:
+            continue
+        done = [(s, r) for s in CEILING.report_seeds if (r := cache.load(RunSpec(method, lr, s))) is not None]
+        if len(done) >= 2:
+            curves = [curve(r) for _, r in done]
+            budget = CEILING.protocol.budget
+            out[method] = {
+                "n": len(done),
+                "seeds": [s for s, _ in done],
+                "final": stats.bootstrap([stats.at(c, budget) for c in curves], seed=seed),
+                "last_three": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),
+                "plateau": stats.plateau_test(curves, budget, CEILING.protocol.evaluations, seed=seed),
+            }
+    return out
+
+
+def summarise(
+    cache: RunCache,
+    design: Design,
+    timing: dict[str, Any] | None = None,
+    seed: int = 0,
+    longer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``results.json``'s content from the cached runs of ``design`` (``longer``: the summaries of
+    :func:`ceiling_runs`, for the ceilings of methods still rising at this budget)."""
     sweeps = sweeps_of(cache, design)
-    goals = targets(sweeps)
+    goals = targets(sweeps, design.headline)
     budget = design.protocol.budget
     methods: dict[str, Any] = {}
     missing: list[str] = []
-    wanted = [(m, sweeps[m].chosen, design.report_seeds) for m in design.headline]
+    wanted = [(m, sweeps[m].chosen, design.seeds_of(m)) for m in design.swept]
     wanted += [(v, sweeps[VARIANT_OF[v]].chosen, design.variant_seeds) for v in design.variants]
     for name, lr, seeds in wanted:
         if lr is None:
@@ -169,7 +201,7 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
         methods[name] = summary
     # complete: every headline method has all its reported seeds (variants may be listed as not run)
     complete = goals is not None and all(
-        m in methods and methods[m]["n"] == len(design.report_seeds) for m in design.headline
+        m in methods and methods[m]["n"] == len(design.seeds_of(m)) for m in design.headline
     )
     if goals is not None and all(goals[k]["method"] in methods for k in ("best_flat", "dancegrpo")):
         speedups(methods, goals, seed)
@@ -214,6 +246,29 @@ def summarise(cache: RunCache, design: Design, timing: dict[str, Any] | None = N
         },
         "timing": timing,
     }
+    # the verdict (docs/benchmarks.md, "Settling the verdict"): ceilings, seconds, fixed levels, Holm
+    for name in headline:
+        methods[name]["ceiling"] = settle.ceiling(methods[name], (longer or {}).get(name))
+    swept = [m for m in design.swept if m in methods]
+    report["seconds"] = settle.seconds_axis(
+        methods, [m for m in methods if timing and m in timing["methods"]], timing, seed
+    )
+    report["level_targets"] = settle.level_targets(methods, swept, timing, budget, seed)
+    report["multiplicity"] = settle.holm_families(report)
+    report["curve_pair"] = settle.curve_pair(methods, *settle.EXTENDED_PAIR, budget, design.protocol.evaluations, seed)
+    # both papers' methods as their official code runs them: the screen, the official presets, the claims
+    report["official_pairs"] = {
+        key: diff
+        for m in design.official
+        if m in methods
+        for other in (fidelity.BASE_OF[m], "dancegrpo")
+        if other in methods
+        for key, diff in pairs(methods, (m, other), seed).items()
+    }
+    if goals is not None:
+        chosen = {m: sweeps[m].chosen for m in ("branchgrpo", "dancegrpo") if m in sweeps}
+        report["screen"] = fidelity.screen(cache, budget, goals["dancegrpo"]["reward"], chosen)
+    report["claims"] = fidelity.claims(report)
     if headline:
         best = max(headline, key=lambda m: methods[m]["final"]["mean"])
         runs = [cache.load(RunSpec(best, methods[best]["lr"], s)) for s in methods[best]["seeds"]]
@@ -241,7 +296,9 @@ def headline_sentence(report: dict[str, Any]) -> str:
         d = diff["final"]
         lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
         counts.append(len(diff["seeds"]))
-        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)}")
+        rising = report["methods"].get(other, {}).get("plateau", {}).get("verdict") == "still rising"
+        note = f"; {other} still rising" if rising else ""
+        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)}{note}")
     # while runs are under way the pairs may hold different numbers of seeds: each then says its own
     parts = [f"{p}, {c} seeds)" if len(set(counts)) > 1 else f"{p})" for p, c in zip(parts, counts)]
     if not parts:
@@ -258,10 +315,34 @@ def headline_sentence(report: dict[str, Any]) -> str:
         else f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired "
         "seeds trained; read nothing into it until it completes): "
     )
-    return interim + (
-        f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out reward "
-        f"minus each method's, mean [95% CI] over {over} paired seeds: " + "; ".join(parts) + "."
+    return (
+        interim
+        + (
+            f"On the Shapes world at {report['protocol']['budget']:,.0f} compute units, TreeGRPO's final held-out "
+            f"reward minus each method's, mean [95% CI] over {over} paired seeds: " + "; ".join(parts) + "."
+        )
+        + papers_sentence(report.get("claims") or [])
     )
+
+
+def papers_sentence(claims: list[dict[str, Any]]) -> str:
+    """The papers' headline claims in one sentence (TreeGRPO's speed-up, BranchGRPO's reward), each
+    verdict with its compute and seconds numbers; empty before the claims table exists."""
+    parts = []
+    for kind, method, what in (("speedup", "treegrpo", "TreeGRPO faster than DanceGRPO"),
+                               ("reward", "branchgrpo", "BranchGRPO above DanceGRPO"),
+                               ("reward", "branchgrpo_official", "BranchGRPO as its code runs it above DanceGRPO")):  # fmt: skip
+        rows = {c["axis"]: c for c in claims if c["kind"] == kind and c["method"] == method}
+        if "compute" not in rows:
+            continue
+        shown = []
+        for axis, row in rows.items():
+            o = row["ours"]
+            shown.append(f"{o['mean']:.2f}x in {axis}" if kind == "speedup" else f"{o['mean']:+.3f} at equal {axis}")
+        verdicts = {row["verdict"] for row in rows.values()}
+        said = verdicts.pop() if len(verdicts) == 1 else " / ".join(rows[a]["verdict"] for a in rows)
+        parts.append(f"{what}: {said} ({', '.join(shown)})")
+    return " The papers' claims here: " + "; ".join(parts) + "." if parts else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +479,7 @@ def tables(report: dict[str, Any]) -> str:
                 f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
                 f"{1000 * m['seconds_per_trained_forward']:.3f} |"
             )
+    lines += settle.tables(report) + fidelity.tables(report)
     if "flattening" in report:
         f = report["flattening"]
         shown = ", ".join(f"{units_k(x)}: {y:.4f}" for x, y in zip(f["units"], f["mean_reward"]))

@@ -14,6 +14,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Any
 
 Curve = Sequence[tuple[float, float]]
 
@@ -122,11 +123,14 @@ def ratio_of_means(
         ratios.append(_ratio(sum(numerator[i] for i in idx), sum(denominator[i] for i in idx)))
     ratios.sort()
     alpha = (1.0 - level) / 2
+    # two-sided bootstrap p-value against a ratio of 1 (no speed-up), for Holm's correction
+    below, above = sum(r <= 1 for r in ratios) / resamples, sum(r >= 1 for r in ratios) / resamples
     return {
         "mean": _ratio(sum(numerator), sum(denominator)),
         "lo": quantile(ratios, alpha),
         "hi": quantile(ratios, 1 - alpha),
         "n": n,
+        "p": min(1.0, 2 * min(below, above)),
     }
 
 
@@ -143,3 +147,140 @@ def selection_score(plateaus: Sequence[float]) -> float:
     is good on average but unstable loses to a steadier one."""
     sd = statistics.stdev(plateaus) if len(plateaus) > 1 else 0.0
     return statistics.fmean(plateaus) - sd
+
+
+# ---------------------------------------------------------------------------------------------
+# the verdict's tests: the plateau slope, Student's t, Holm's correction
+# ---------------------------------------------------------------------------------------------
+
+SLOPE_PER = 100_000.0
+"""Slopes are reported per this many compute units."""
+SLOPE_TOLERANCE = 0.002
+"""Fixed before the runs that read it: a seed-mean curve whose slope over the last third of the
+budget has a CI lying at or above this (reward per 100k units) is still rising."""
+
+
+def slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of ``points`` (x, y), in y per :data:`SLOPE_PER` units of x."""
+    if len(points) < 2:
+        raise ValueError("a slope needs two points or more")
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        raise ValueError("a slope needs two distinct x values")
+    return SLOPE_PER * sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def plateau_test(
+    curves: Sequence[Curve],
+    budget: float,
+    evaluations: int,
+    *,
+    tolerance: float = SLOPE_TOLERANCE,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """Whether the seed-mean curve still rises at the end of the budget: the least-squares slope of
+    the mean over seeds of ``curves`` at the protocol's evaluation points (``budget * i /
+    evaluations``) in the last third of the budget, with a percentile-bootstrap CI over seeds. ``"still rising"`` when the whole CI lies at or above
+    ``tolerance``, ``"falling"`` when it lies at or below ``-tolerance``, else ``"flat"``."""
+    xs = [budget * i / evaluations for i in range(1, evaluations + 1) if budget * i / evaluations >= budget * 2 / 3]
+    if len(xs) < 2:
+        raise ValueError(f"the last third of the budget ({budget:,.0f} units) holds fewer than two evaluations")
+
+    def of(sample: Sequence[Curve]) -> float:
+        return slope([(x, statistics.fmean(at(c, x) for c in sample)) for x in xs])
+
+    rng = random.Random(seed)
+    n = len(curves)
+    draws = sorted(of([curves[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    alpha = (1.0 - level) / 2
+    lo, hi = quantile(draws, alpha), quantile(draws, 1 - alpha)
+    margin = 1e-12  # a slope exactly at the tolerance counts as reaching it, whatever its rounding
+    verdict = "still rising" if lo >= tolerance - margin else "falling" if hi <= -tolerance + margin else "flat"
+    return {
+        "slope": of(curves),
+        "lo": lo,
+        "hi": hi,
+        "n": n,
+        "from_units": xs[0],
+        "to_units": xs[-1],
+        "per_units": SLOPE_PER,
+        "tolerance": tolerance,
+        "verdict": verdict,
+    }
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t (bisection on :func:`t_cdf`, to 1e-12)."""
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def paired_t(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """Mean of ``a[k] - b[k]`` with its Student-t CI and two-sided p-value (n - 1 degrees of freedom)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"a paired t interval needs two or more pairs of equal length, got {len(a)} and {len(b)}")
+    d = [x - y for x, y in zip(a, b)]
+    n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
+    se = sd / math.sqrt(n)
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * se
+    p = 0.0 if se == 0 and mean != 0 else 1.0 if se == 0 else 2 * (1 - t_cdf(abs(mean) / se, n - 1))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n, "sd": sd, "p": p}
+
+
+def holm(p_values: dict[str, float], alpha: float = 1 - LEVEL) -> dict[str, bool]:
+    """Holm's step-down correction over a family of tests: each test's name -> whether it is
+    rejected (resolved) at family-wise error ``alpha``. The k-th smallest p (k from 0) is compared
+    with ``alpha / (m - k)``; the first that fails stops every larger one."""
+    order = sorted(p_values, key=lambda k: p_values[k])
+    m, out, stopped = len(order), {}, False
+    for k, name in enumerate(order):
+        stopped = stopped or p_values[name] > alpha / (m - k)
+        out[name] = not stopped
+    return out

@@ -330,3 +330,34 @@ def test_the_status_counts_the_runs_left_and_prices_them_at_each_methods_seconds
     assert "0.0001: 0.700 ... | 0.0003: ... ..." in text
     assert "7 runs done, 8 known to go (1 extend a shorter run): about 0.1 h on one core" in text
     assert "; 3 more once their sweeps choose a rate (up to 0.0 h on one core, if none extends" in text
+
+
+def test_official_presets_and_an_extended_pair_are_trained_after_everything_else(tmp_path: Path) -> None:
+    # a design with one official preset and TreeGRPO's extension to seeds 3-4: the headline work
+    # first, then the official preset's sweep and seeds, then the extension seed by seed
+    design = plan.Design(
+        protocol=PROTOCOL,
+        sweep_seeds=(100, 101),
+        report_seeds=(0, 1, 2),
+        variant_seeds=(),
+        grids={"treegrpo": (3e-4,), "dancegrpo": (3e-4,), "treegrpo_official": (1e-4,)},
+        headline=("treegrpo", "dancegrpo"),
+        variants=(),
+        official=("treegrpo_official",),
+        extra_seeds={"treegrpo": (3, 4)},
+    )
+    cache = RunCache(tmp_path, PROTOCOL)
+    for m in ("treegrpo", "dancegrpo"):
+        for s in (100, 101):
+            write(cache, RunSpec(m, 3e-4, s), [0.5, 0.6, 0.7, 0.7, 0.7])
+    jobs = [s for s in plan.jobs(cache, design) if cache.load(s) is None]
+    reported = [RunSpec(m, 3e-4, s) for s in (0, 1, 2) for m in ("treegrpo", "dancegrpo")]
+    official = [RunSpec("treegrpo_official", 1e-4, s) for s in (100, 101)]
+    # the official preset's reported seeds wait for its sweep to choose (a one-rate grid: once run)
+    assert jobs == reported + official + [RunSpec("treegrpo", 3e-4, 3), RunSpec("treegrpo", 3e-4, 4)]
+    assert design.seeds_of("treegrpo") == (0, 1, 2, 3, 4) and design.seeds_of("dancegrpo") == (0, 1, 2)
+    assert design.swept == ("treegrpo", "dancegrpo", "treegrpo_official")
+    with pytest.raises(ValueError, match="would both tune and be reported"):
+        plan.Design(sweep_seeds=(100,), extra_seeds={"treegrpo": (100,)})
+    with pytest.raises(ValueError, match="have no learning-rate grid"):
+        plan.Design(official=("nothing",))

@@ -84,3 +84,66 @@ def test_the_selection_rule_penalises_spread() -> None:
     assert stats.selection_score([0.7, 0.8, 0.9]) == pytest.approx(0.7)
     assert stats.selection_score([0.75, 0.76, 0.77]) == pytest.approx(0.75)
     assert stats.selection_score([0.75, 0.76, 0.77]) > stats.selection_score([0.7, 0.8, 0.9])
+
+
+def test_a_slope_is_least_squares_per_100k_units() -> None:
+    # y rises 0.002 per 100k: exactly the tolerance; a V shape has slope 0 (its halves cancel)
+    assert stats.slope([(0.0, 0.0), (100_000.0, 0.002), (200_000.0, 0.004)]) == pytest.approx(0.002)
+    assert stats.slope([(0.0, 1.0), (1.0, 0.0), (2.0, 1.0)]) == 0.0
+    with pytest.raises(ValueError, match="two points"):
+        stats.slope([(0.0, 1.0)])
+
+
+def _curves(slope_per_100k: float, offsets: list[float], wiggle: float = 0.0) -> list[list[tuple[float, float]]]:
+    """Curves evaluated every 30k units to 750k: each seed's offset plus the slope, and an
+    alternating wiggle (+w, -w, ...) that a least-squares line does not follow."""
+    xs = [30_000.0 * i for i in range(26)]
+    return [
+        [(x, 0.7 + o + slope_per_100k * x / 100_000 + wiggle * (-1) ** i) for i, x in enumerate(xs)] for o in offsets
+    ]
+
+
+def test_the_plateau_test_passes_a_flat_curve_and_fails_one_rising_at_the_tolerance() -> None:
+    flat = stats.plateau_test(_curves(0.0, [0.0, 0.01, -0.02], wiggle=0.001), 750_000, 25)
+    # the last third: the evaluations from 510k (>= 500k) to 750k
+    assert (flat["from_units"], flat["to_units"], flat["n"]) == (510_000, 750_000, 3)
+    assert flat["verdict"] == "flat" and abs(flat["slope"]) < 2e-4 and flat["lo"] <= 0 <= flat["hi"]
+    # every seed rises at exactly 0.002 per 100k: every resample's slope is 0.002, so the CI sits on
+    # the tolerance, which counts as still rising
+    rising = stats.plateau_test(_curves(stats.SLOPE_TOLERANCE, [0.0, 0.01, -0.02]), 750_000, 25)
+    assert rising["verdict"] == "still rising" and rising["lo"] == pytest.approx(0.002)
+    # half the tolerance is not rising; a fall at twice it is falling
+    assert stats.plateau_test(_curves(0.001, [0.0, 0.01]), 750_000, 25)["verdict"] == "flat"
+    assert stats.plateau_test(_curves(-0.004, [0.0, 0.01]), 750_000, 25)["verdict"] == "falling"
+    # seeds that disagree: one rises at 0.01, one falls at 0.01; the mean is flat but the CI is wide
+    mixed = stats.plateau_test(_curves(0.01, [0.0]) + _curves(-0.01, [0.0]), 750_000, 25)
+    assert mixed["verdict"] == "flat" and mixed["lo"] == pytest.approx(-0.01) and mixed["hi"] == pytest.approx(0.01)
+
+
+def test_student_t_against_table_values() -> None:
+    # two-sided 95% critical values: df 9 -> 2.262157, df 25 -> 2.059539 (any t table)
+    assert stats.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-6)
+    assert stats.t_quantile(0.975, 25) == pytest.approx(2.059539, abs=1e-6)
+    # df 1 is Cauchy: P(T <= 1) = 1/2 + atan(1)/pi = 0.75
+    assert stats.t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    assert stats.t_cdf(0.0, 7) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_a_paired_t_interval_by_hand() -> None:
+    # differences 1, 2, 3, 4: mean 2.5, sd sqrt(5/3) = 1.290994, se 0.645497; t(0.975, 3) = 3.182446
+    # -> 2.5 +- 2.054260; t = 3.872983 on 3 df: two-sided p = 0.030466
+    t = stats.paired_t([1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0])
+    assert (t["mean"], t["n"]) == (2.5, 4)
+    assert t["lo"] == pytest.approx(2.5 - 2.054260, abs=1e-5) and t["hi"] == pytest.approx(2.5 + 2.054260, abs=1e-5)
+    assert t["p"] == pytest.approx(0.030466, abs=1e-5)
+    with pytest.raises(ValueError, match="two or more pairs"):
+        stats.paired_t([1.0], [0.0])
+
+
+def test_holm_by_hand() -> None:
+    # m = 4 at alpha 0.05, p sorted 0.01, 0.02, 0.03, 0.04: 0.01 <= 0.05/4 = 0.0125 rejects; 0.02 <=
+    # 0.05/3 = 0.0167? no: it stops, and 0.03 (<= 0.025? no) and 0.04 (<= 0.05, alone: yes) stay too
+    assert stats.holm({"a": 0.03, "b": 0.01, "c": 0.02, "d": 0.04}) == {"b": True, "c": False, "a": False, "d": False}
+    # 0.01, 0.015, 0.02, 0.5: 0.0125, 0.0167, 0.025 pass; 0.5 > 0.05 fails
+    assert stats.holm({"a": 0.02, "b": 0.01, "c": 0.015, "d": 0.5}) == {"b": True, "c": True, "a": True, "d": False}
+    assert stats.holm({"x": 0.04}) == {"x": True} and stats.holm({"x": 0.06}) == {"x": False}

@@ -1,0 +1,287 @@
+"""Both papers' methods as their official code runs them (docs/benchmarks.md, "The fidelity
+screen"): the screen's arms against today's presets, the official presets against DanceGRPO and
+their base, and the papers' claims read off ``results.json``, each reproduced, contradicted or not
+resolved."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from . import stats
+from .methods import ARMS, RunSpec
+from .plan import SCREEN_RATES, SCREEN_SEEDS, curve
+from .runs import Run, RunCache
+
+BASE_OF = {**ARMS, "branchgrpo_official": "branchgrpo", "treegrpo_official": "treegrpo"}
+"""The preset each screen arm and official preset is compared with."""
+QUANTITIES = ("final", "peak", "drop", "units_to_target")
+
+
+def run_quantities(run: Run, budget: float, target: float) -> dict[str, float]:
+    """A run's final reward, its best evaluation, its fall from there to the end, and its compute
+    to ``target`` (censored at the budget)."""
+    c = curve(run)
+    final, peak = stats.at(c, budget), max(y for _, y in c)
+    return {
+        "final": final,
+        "peak": peak,
+        "drop": peak - final,
+        "units_to_target": stats.to_target(c, target, budget)[0],
+    }
+
+
+def _direction(diffs: list[float]) -> str:
+    """The screen's rule: an arm moves a quantity only where every seed moves it the same way."""
+    if diffs and all(d > 0 for d in diffs):
+        return "up"
+    if diffs and all(d < 0 for d in diffs):
+        return "down"
+    return "mixed"
+
+
+def _compare(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, Any]:
+    """Per quantity: the arm's and the base's means, the paired differences, their direction and (two
+    pairs or more) their Student-t interval."""
+    out: dict[str, Any] = {"n": len(pairs)}
+    for q in QUANTITIES:
+        diffs = [a[q] - b[q] for a, b in pairs]
+        row: dict[str, Any] = {
+            "arm": statistics.fmean(a[q] for a, _ in pairs),
+            "base": statistics.fmean(b[q] for _, b in pairs),
+            "diffs": diffs,
+            "direction": _direction(diffs),
+        }
+        if len(pairs) >= 2 and len({round(d, 12) for d in diffs}) > 1:
+            row["t"] = stats.paired_t([a[q] for a, _ in pairs], [b[q] for _, b in pairs])
+            row["resolved"] = row["t"]["lo"] > 0 or row["t"]["hi"] < 0
+        out[q] = row
+    return out
+
+
+def screen(cache: RunCache, budget: float, target: float, rates: dict[str, float | None]) -> dict[str, Any]:
+    """Every screen arm against its base preset at the same rate and seed (per rate, and pooled over
+    rates), and the learning-rate departure: today's BranchGRPO at DanceGRPO's chosen rate against
+    its own chosen rate. ``rates``: the chosen rates of ``branchgrpo`` and ``dancegrpo``."""
+    arms: dict[str, Any] = {}
+
+    def load(method: str, lr: float, seed: int) -> dict[str, float] | None:
+        run = cache.load(RunSpec(method, lr, seed))
+        return None if run is None else run_quantities(run, budget, target)
+
+    for arm, arm_rates in SCREEN_RATES.items():
+        per_rate, pooled = {}, []
+        for lr in arm_rates:
+            pairs = [(load(arm, lr, s), load(BASE_OF[arm], lr, s)) for s in SCREEN_SEEDS]
+            done = [(a, b) for a, b in pairs if a is not None and b is not None]
+            if done:
+                per_rate[f"{lr:g}"] = _compare(done)
+                pooled += done
+        arms[arm] = {"base": BASE_OF[arm], "rates": per_rate, "pooled": _compare(pooled) if pooled else None}
+    tuned, dance = rates.get("branchgrpo"), rates.get("dancegrpo")
+    if tuned is not None and dance is not None:
+        pairs = [(load("branchgrpo", dance, s), load("branchgrpo", tuned, s)) for s in SCREEN_SEEDS]
+        done = [(a, b) for a, b in pairs if a is not None and b is not None]
+        arms["learning_rate"] = {
+            "base": "branchgrpo",
+            "rates": {f"{dance:g} vs {tuned:g}": _compare(done)} if done else {},
+            "pooled": _compare(done) if done else None,
+        }
+    return {"seeds": list(SCREEN_SEEDS), "target": target, "arms": arms}
+
+
+def difference(report: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
+    """``a`` minus ``b`` in final reward from the report's pairs (either order) or official pairs."""
+    found = {**report["pairs"], **report.get("official_pairs", {})}
+    if f"{a} - {b}" in found:
+        return found[f"{a} - {b}"]["final"]
+    if f"{b} - {a}" in found:
+        d = found[f"{b} - {a}"]["final"]
+        return {**d, "mean": -d["mean"], "lo": -d["hi"], "hi": -d["lo"]}
+    return None
+
+
+def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The papers' claims as this comparison measures them, on the compute and the seconds axis;
+    each "reproduced" where the interval lies on the claimed side of no effect, "contradicted" where
+    it lies on the other, else "not resolved" (the paper's own number is quoted beside)."""
+    out = []
+    methods = report["methods"]
+
+    def verdict(lo: float, hi: float, none: float) -> str:
+        return "reproduced" if lo > none else "contradicted" if hi < none else "not resolved"
+
+    def speedup_rows(method: str, claim: str, paper: str) -> None:
+        t = methods.get(method, {}).get("compute_to_target", {}).get("dancegrpo", {}).get("speedup")
+        if t is None:
+            return
+        seconds = report.get("seconds") or {}
+        rate = seconds.get("seconds_per_unit", {})
+        scale = rate["dancegrpo"] / rate[method] if rate.get("dancegrpo") and rate.get(method) else None
+        out.append(
+            {
+                "kind": "speedup",
+                "claim": claim,
+                "paper": paper,
+                "method": method,
+                "axis": "compute",
+                "ours": t,
+                "verdict": verdict(t["lo"], t["hi"], 1.0),
+            }
+        )
+        if scale is not None:
+            sec = {k: t[k] * scale for k in ("mean", "lo", "hi")}
+            out.append(
+                {
+                    "kind": "speedup",
+                    "claim": claim,
+                    "paper": paper,
+                    "method": method,
+                    "axis": "seconds",
+                    "ours": sec,
+                    "verdict": verdict(sec["lo"], sec["hi"], 1.0),
+                }
+            )
+
+    def reward_rows(method: str, claim: str, paper: str) -> None:
+        f = difference(report, method, "dancegrpo")
+        if f is None:
+            return
+        out.append(
+            {
+                "kind": "reward",
+                "claim": claim,
+                "paper": paper,
+                "method": method,
+                "axis": "compute",
+                "ours": f,
+                "verdict": verdict(f["lo"], f["hi"], 0.0),
+            }
+        )
+        per_seed = (report.get("seconds") or {}).get("per_seed", {})
+        if method in per_seed and "dancegrpo" in per_seed:
+            mine, dance = per_seed[method], per_seed["dancegrpo"]
+            seeds = [s for s in mine if s in dance]
+            if len(seeds) >= 2:
+                sec = stats.paired_difference([mine[s] for s in seeds], [dance[s] for s in seeds])
+                out.append(
+                    {
+                        "kind": "reward",
+                        "claim": claim,
+                        "paper": paper,
+                        "method": method,
+                        "axis": "seconds",
+                        "ours": sec,
+                        "verdict": verdict(sec["lo"], sec["hi"], 0.0),
+                    }
+                )
+
+    def iteration_rows(method: str, claim: str, paper: str) -> None:
+        timing = report.get("timing") or {}
+        t = timing.get("methods", {})
+        if method not in t or "dancegrpo" not in t:
+            return
+        # DanceGRPO's seconds per iteration over the method's, the rounds paired (they ran side by side)
+        rounds = {m: t[m].get("rounds_seconds_per_iteration") for m in (method, "dancegrpo")}
+        if rounds[method] and rounds["dancegrpo"] and len(rounds[method]) >= 2:
+            ratios = [b / a for a, b in zip(rounds[method], rounds["dancegrpo"])]
+            ci = stats.paired_t(ratios, [0.0] * len(ratios))
+        else:
+            ratio = t["dancegrpo"]["seconds_per_iteration"] / t[method]["seconds_per_iteration"]
+            ci = {"mean": ratio, "lo": None, "hi": None, "n": 1}
+        lo, hi = (ci["lo"], ci["hi"]) if ci["lo"] is not None else (ci["mean"], ci["mean"])
+        row = {"kind": "iteration", "claim": claim, "paper": paper, "method": method, "axis": "seconds per iteration"}
+        out.append({**row, "ours": ci, "verdict": verdict(lo, hi, 1.0) if ci["n"] > 1 else "one measurement"})
+
+    for m in ("treegrpo", "treegrpo_official"):
+        speedup_rows(m, "TreeGRPO trains faster than DanceGRPO", "2.4x (iteration time, SD3.5-M)")
+    for m in ("branchgrpo", "branchgrpo_official"):
+        reward_rows(m, "BranchGRPO ends above DanceGRPO", "+16% (FLUX, HPS-based)")
+    for m in ("branchgrpo", "branchgrpo_pruned"):
+        iteration_rows(m, "BranchGRPO takes less time per iteration than DanceGRPO", "2.2x (55% less; pruned, FLUX)")
+    speedup_rows("branchgrpo_mix", "BranchGRPO-Mix trains faster than DanceGRPO", "4.7x (iteration time, FLUX)")
+    iteration_rows("branchgrpo_mix", "BranchGRPO-Mix trains faster than DanceGRPO", "4.7x (iteration time, FLUX)")
+    return out
+
+
+def _ci(d: dict[str, Any], digits: int = 3, sign: str = "+") -> str:
+    return f"{d['mean']:{sign}.{digits}f} [{d['lo']:{sign}.{digits}f}, {d['hi']:{sign}.{digits}f}]"
+
+
+def _cell(row: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
+    """The arm's mean minus the base's, each seed's difference and its direction."""
+    diffs = ", ".join(f"{d * scale:+.{digits}f}" for d in row["diffs"])
+    return f"{(row['arm'] - row['base']) * scale:+.{digits}f} ({diffs}; {row['direction']})"
+
+
+def tables(report: dict[str, Any]) -> list[str]:
+    """The fidelity and claims tables (Markdown lines), from ``results.json``."""
+    lines: list[str] = []
+    sc = report.get("screen")
+    if sc and any(a["rates"] for a in sc["arms"].values()):
+        lines += [
+            "",
+            f"Fidelity screen: each official setting against today's preset at the same rate and seed (seeds "
+            f"{', '.join(map(str, sc['seeds']))}, 750k); the arm minus its base, each seed's difference and "
+            "whether every seed moves the same way; the pooled row: all rates' pairs, paired t 95% CI "
+            f"(not resolved where it covers 0). Compute to DanceGRPO's target ({sc['target']:.3f}) in thousands "
+            "of units, censored at the budget.",
+            "",
+            "| arm | rate | final | peak | drop after the peak | compute to target (k) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm, a in sc["arms"].items():
+            for rate, row in a["rates"].items():
+                cells = [
+                    _cell(row[q], 1e-3 if q == "units_to_target" else 1.0, 1 if q == "units_to_target" else 3)
+                    for q in QUANTITIES
+                ]
+                lines.append(f"| {arm} | {rate} | " + " | ".join(cells) + " |")
+            pooled = a["pooled"]
+            if pooled and pooled["n"] > 2:
+                cells = []
+                for q in QUANTITIES:
+                    row = pooled[q]
+                    if "t" not in row:
+                        cells.append("—")
+                        continue
+                    scale = 1e-3 if q == "units_to_target" else 1.0
+                    t = {k: row["t"][k] * scale for k in ("mean", "lo", "hi")}
+                    cells.append(
+                        f"{_ci(t, 1 if q == 'units_to_target' else 3)} ({'resolved' if row['resolved'] else 'not resolved'})"
+                    )
+                lines.append(f"| {arm} | pooled ({pooled['n']} pairs) | " + " | ".join(cells) + " |")
+    op = report.get("official_pairs")
+    if op:
+        lines += [
+            "",
+            "| official preset minus (paired, reported seeds) | seeds | final reward | |",
+            "|---|---|---|---|",
+        ]
+        for key, d in op.items():
+            lines.append(
+                f"| {key} | {len(d['seeds'])} | {_ci(d['final'], 4)} | {'resolved' if d['final']['resolved'] else 'not resolved'} |"
+            )
+    cl = report.get("claims")
+    if cl:
+        lines += [
+            "",
+            "The papers' claims on this world (reproduced / contradicted where the 95% interval lies on one side "
+            "of no effect):",
+            "",
+            "| claim | paper | method | axis | ours | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in cl:
+            o = c["ours"]
+            if c["kind"] == "speedup":
+                ours = f"{o['mean']:.2f}x [{o['lo']:.2f}x, {o['hi']:.2f}x] speed-up to DanceGRPO's target"
+            elif c["kind"] == "reward":
+                ours = f"{o['mean']:+.3f} [{o['lo']:+.3f}, {o['hi']:+.3f}] final reward" + (
+                    " at equal seconds" if c["axis"] == "seconds" else ""
+                )
+            else:
+                shown = "" if o["lo"] is None else f" [{o['lo']:.2f}x, {o['hi']:.2f}x] over {o['n']} rounds"
+                ours = f"{o['mean']:.2f}x{shown} less time per iteration ({100 * (1 - 1 / o['mean']):.0f}% less)"
+            lines.append(f"| {c['claim']} | {c['paper']} | {c['method']} | {c['axis']} | {ours} | {c['verdict']} |")
+    return lines
