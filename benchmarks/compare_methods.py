@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import plan, plots, report  # noqa: E402
 from compare.methods import VARIANT_OF, RunSpec  # noqa: E402
-from compare.runs import RunCache, timing  # noqa: E402
+from compare.runs import RunCache, RunRecordError, timing  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"
+REPORTED = RESULTS / "shapes_cpu_750k"
+CEILINGS = RESULTS / "shapes_cpu_1200k"
 STOP = "STOP"
 """A file of this name in ``runs/`` tells every ``--work`` process to stop after its current run."""
 
@@ -81,6 +85,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="--work / --status: the ceiling runs (plan.CEILING: the methods still rising in --reported, "
+        "to 1.2M units) into --out",
+    )
+    p.add_argument(
+        "--reported",
+        type=Path,
+        default=REPORTED,
+        help="--ceiling: the comparison whose still-rising methods and chosen rates it extends (default %(default)s)",
+    )
+    p.add_argument(
+        "--ceiling-out",
+        type=Path,
+        default=CEILINGS,
+        help="--report: the ceiling runs' folder, read for the ceilings of methods still rising (default %(default)s)",
+    )
+    p.add_argument(
         "--screen",
         action="store_true",
         help="--work / --status: the fidelity screen's runs (plan.screen_jobs: the official code's settings "
@@ -103,15 +125,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def work(cache: RunCache, design: plan.Design, variants: bool = True, poll: float = 30.0, screen: bool = False) -> None:
-    """Train what the plan needs (``screen``: the screen's runs) until nothing is left; wait while
-    other processes hold the rest. Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
+def work(
+    cache: RunCache,
+    design: plan.Design,
+    variants: bool = True,
+    poll: float = 30.0,
+    screen: bool = False,
+    ceiling_of: RunCache | None = None,
+) -> None:
+    """Train what the plan needs (``screen``: the screen's runs; ``ceiling_of``: the ceiling runs of
+    that comparison) until nothing is left; wait while other processes hold the rest. Ends after the
+    run in hand (none lost) once ``runs/STOP`` exists."""
     stop = cache.folder / STOP
     while True:
         if stop.exists():
             print(f"{stop} exists: stopping before the next run (delete it to go on)", flush=True)
             return
-        wanted = plan.screen_jobs() if screen else plan.jobs(cache, design, variants=variants)
+        if ceiling_of is not None:
+            wanted = plan.ceiling_jobs(ceiling_of)
+        elif screen:
+            wanted = plan.screen_jobs()
+        else:
+            wanted = plan.jobs(cache, design, variants=variants)
         pending = [s for s in wanted if cache.load(s) is None]
         if not pending:
             print("nothing left to train", flush=True)
@@ -199,13 +234,24 @@ def plot_links(results: dict[str, Any], out: Path, doc: Path) -> str:
     rel = Path(os.path.relpath(out.resolve(), doc.resolve().parent))
     return "".join(
         f"\n\n![held-out reward against {what}]({(rel / name).as_posix()})"
-        for what, name in (("compute", "reward_vs_compute.png"), ("sampling NFE", "reward_vs_nfe.png"))
+        for what, name in (
+            ("compute", "reward_vs_compute.png"),
+            ("sampling NFE", "reward_vs_nfe.png"),
+            *([("seconds", "reward_vs_seconds.png")] if results.get("seconds") else []),
+        )
     )
 
 
-def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Path] = ()) -> dict[str, Any]:
+def write_report(
+    cache: RunCache, design: plan.Design, out: Path, docs: list[Path] = (), ceiling_out: Path | None = None
+) -> dict[str, Any]:
     saved = out / "timing.json"
-    results = report.summarise(cache, design, json.loads(saved.read_text()) if saved.is_file() else None)
+    longer = None
+    if ceiling_out is not None and ceiling_out.is_dir():
+        chosen = {m: s.chosen for m, s in plan.sweeps_of(cache, design).items()}
+        longer = report.ceiling_runs(ceiling_out, chosen)
+    timing = json.loads(saved.read_text()) if saved.is_file() else None
+    results = report.summarise(cache, design, timing, longer=longer)
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, allow_nan=False))
     for path in plots.draw(results, out) if results["methods"] else []:
         print(f"wrote {path}")
@@ -222,24 +268,54 @@ def write_report(cache: RunCache, design: plan.Design, out: Path, docs: list[Pat
     return results
 
 
+def check_runs_folder(cache: RunCache, design: plan.Design, name: str) -> None:
+    """Before ``--report`` / ``--status`` alone: refuse, in one line, a folder with no runs, or with
+    the runs of another design only, instead of reporting an empty comparison as under way."""
+    out = cache.folder.parent
+    protocols = cache.protocols()  # every record read and checked (RunRecordError names a bad one)
+    if not protocols:
+        raise RunRecordError(f"no runs in {out}; check --out, or train them with --work")
+    if asdict(design.protocol) in protocols:
+        return
+    designs = {**plan.DESIGNS, "quick": plan.QUICK}
+    held = [n for n, d in designs.items() if asdict(d.protocol) in protocols]
+    if held:
+        raise RunRecordError(f"{out} holds design {held[0]}, not {name}; give --design {held[0]}")
+    raise RunRecordError(f"{out} holds runs of no known design, none of {name}; check --out and --design")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse(argv)
+    try:
+        return run(args)
+    except RunRecordError as err:  # a record or folder that cannot be read: one line, the file and the fix
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
-    args.out.mkdir(parents=True, exist_ok=True)
-    design = plan.QUICK if args.quick else plan.DESIGNS[args.design]
+    design = plan.QUICK if args.quick else plan.CEILING if args.ceiling else plan.DESIGNS[args.design]
     cache = RunCache(args.out, design.protocol)
+    if (args.report or args.status) and not (args.work or args.timing or args.screen):
+        name = "quick" if args.quick else "ceiling" if args.ceiling else args.design
+        check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
+    args.out.mkdir(parents=True, exist_ok=True)
+    reported = RunCache(args.reported, plan.FULL.protocol) if args.ceiling else None
     if args.status:
         print(screen_status(cache) if args.screen else status(cache, design, variants=not args.no_variants))
         return None
     if args.work:
-        work(cache, design, variants=not args.no_variants, poll=2.0 if args.quick else 30.0, screen=args.screen)
+        poll = 2.0 if args.quick else 30.0
+        work(cache, design, variants=not args.no_variants, poll=poll, screen=args.screen, ceiling_of=reported)
     if args.timing:
         rounds, iterations = (1, 1) if args.quick else (3, 3)
         (args.out / "timing.json").write_text(json.dumps(timed(cache, design, rounds, iterations), indent=1))
     if args.report:
-        return write_report(cache, design, args.out, args.docs)
+        ceiling_out = None if args.quick else args.ceiling_out
+        return write_report(cache, design, args.out, args.docs, ceiling_out=ceiling_out)
     return None
 
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
+from lit_treegrpo.common.config_yaml import read_yaml_file
 from lit_treegrpo.core import TreeSpec, flow_sde_step, rollout, tree_advantages
 from lit_treegrpo.core.advantages import METHODS
 
@@ -30,7 +30,7 @@ PRESETS = Path(__file__).resolve().parents[1] / "configs" / "methods"
 
 def load_preset(path: Path) -> TreeSpec:
     """The tree of a method preset (its ``model.tree``), at the window's first offset."""
-    return TreeSpec.from_dict(yaml.safe_load(path.read_text())["model"]["tree"])
+    return TreeSpec.from_dict(read_yaml_file(path, str(path))["model"]["tree"])  # duplicate keys, bombs refused
 
 
 def flow_step(num_steps: int):

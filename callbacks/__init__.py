@@ -31,7 +31,8 @@ Every callback is resumable through ``state_dict`` / ``load_state_dict``. The fo
 repository top level (the design card) and pyproject's ``package-dir`` maps it into the package;
 always import it as ``lit_treegrpo.callbacks``.
 
-May import: :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.runs` (the export), torch and Lightning;
+May import: :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.runs` (the export), :mod:`lit_treegrpo.common`
+(the prompt checks), torch and Lightning;
 never the module (the callbacks reach it through the ``pl_module`` Lightning hands them) or the
 command line, which installs them.
 """

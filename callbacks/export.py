@@ -20,22 +20,26 @@ class ExportOnTrainEnd(Callback):
     ``export`` command does.
 
     Args:
-        out: the folder to write; ``null``: ``<default_root_dir>/export``. An earlier export there
-            is replaced.
+        out: the folder to write; ``null``: ``<default_root_dir>/export``. It must be new or empty
+            (checked before training), unless ``overwrite``.
         merged: the full denoiser with the LoRA merged in instead of the LoRA alone.
         ema: also write the EMA weights (``<out>/ema``) when an :class:`EMA` callback has updated.
+        overwrite: replace an earlier export in ``out`` (a resumed fit's, say): only the files it
+            wrote, as ``export --overwrite true``.
     """
 
-    def __init__(self, out: str | None = None, merged: bool = False, ema: bool = True) -> None:
+    def __init__(self, out: str | None = None, merged: bool = False, ema: bool = True, overwrite: bool = False) -> None:
         self.out = out
         self.merged = merged
         self.ema = ema
+        self.overwrite = overwrite
         self.written: Path | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.is_global_zero:
-            check_out(self._folder(trainer))  # a bad --out fails before training, not after it
+            # a bad out fails before training, not after it
+            check_out(self._folder(trainer), overwrite=self.overwrite, option="ExportOnTrainEnd.out")
 
     def _folder(self, trainer: pl.Trainer) -> Path:
         return Path(self.out) if self.out is not None else Path(trainer.default_root_dir) / "export"
@@ -60,5 +64,7 @@ class ExportOnTrainEnd(Callback):
             metrics=rewards,
             optimizer_steps=trainer.global_step,
             pruning=pruning[0].state_dict()["options"] if pruning else None,
+            overwrite=self.overwrite,
+            option="ExportOnTrainEnd.out",
         )
         rank_zero_info(f"exported the trained weights to {self.written}")

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lit_treegrpo.common.text import check_prompt, cut_prompts
+
 from ._media import MediaWriters
 from ._video import gif_bytes, strip_frames
 from .drawing import captioned_grid
@@ -103,6 +105,8 @@ class SampleGridLogger(EveryNIterations):
         prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
         if not prompts:
             raise ValueError("SampleGridLogger.prompts must be a non-empty list of prompts")
+        where = "SampleGridLogger.prompts"
+        prompts = cut_prompts([check_prompt(p, f"{where}[{i}]") for i, p in enumerate(prompts)], where)
         if not seeds:
             raise ValueError("SampleGridLogger.seeds must be a non-empty list of seeds")
         if every_n_steps < 1:

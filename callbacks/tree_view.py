@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from lit_treegrpo.common.text import check_prompt, cut_prompts
 from lit_treegrpo.core.seeding import generator as seeded
 
 from ._media import MediaWriters
@@ -57,6 +58,7 @@ class TreeView(EveryNIterations):
     ) -> None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"TreeView.prompt must be a non-empty prompt, got {prompt!r}")
+        prompt = cut_prompts([check_prompt(prompt, "TreeView.prompt")], "TreeView.prompt")[0]
         if every_n_steps < 1:
             raise ValueError(f"TreeView.every_n_steps must be >= 1, got {every_n_steps}")
         if scale < 1:

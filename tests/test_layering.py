@@ -105,11 +105,11 @@ ALLOWED = {
     "core": set(),
     "models": {"core", "common", "shapes"},  # the Shapes adapter renders with the Shapes world
     "rewards": {"core", "common", "shapes", "models"},  # models: the tiny offline tokenizer of the tests' rewards
-    "shapes": {"core", "models", "rewards"},  # pre-training only; the world imports nothing (test above)
+    "shapes": {"core", "common", "models", "rewards"},  # pre-training only; the world imports nothing (test above)
     "data": {"common"},
     "training": {"core", "common", "models", "rewards", "data"},
     "runs": {"common", "models"},  # models: the export's formats
-    "callbacks": {"core", "runs"},  # runs: ExportOnTrainEnd writes what the export command writes
+    "callbacks": {"core", "common", "runs"},  # runs: ExportOnTrainEnd writes what the export command writes
     "cli": {"core", "common", "models", "rewards", "data", "training", "runs", "callbacks"},
 }
 #: imports the engine may not make: the frameworks above it, and the environment (it computes from

@@ -31,9 +31,49 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lit_treegrpo.common.files import MiB, read_text_limited
+
 from .methods import RunSpec, build, resolved_config, training_identity
 
 COMPUTE_KINDS = ("sampling", "trained", "reference", "reward_images")
+#: the largest run record read (a 750k run's is about 0.2 MB)
+MAX_RECORD_BYTES = 64 * MiB
+#: what every run record holds
+RECORD_KEYS = ("identity", "spec", "config", "iterations", "curve")
+
+
+class RunRecordError(ValueError):
+    """A run record that cannot be read: one line naming the file and what to do."""
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The run record at ``path``, checked: bounded in size, JSON, an object with every key of
+    :data:`RECORD_KEYS` and a ``spec`` naming a run; :class:`RunRecordError` naming the file
+    otherwise (a record cut short by a full disk, emptied, or written by hand)."""
+    fix = "delete it to train that run again"
+    try:
+        saved = json.loads(read_text_limited(path, MAX_RECORD_BYTES, "run record"))
+    except json.JSONDecodeError as err:
+        raise RunRecordError(
+            f"{path}: not a run record (invalid JSON: {err.msg} at line {err.lineno}, column {err.colno}); {fix}"
+        ) from None
+    except ValueError as err:  # too large, or not UTF-8
+        raise RunRecordError(f"{err}; {fix}") from None
+    if not isinstance(saved, dict):
+        raise RunRecordError(f"{path}: not a run record (a JSON {type(saved).__name__}, not an object); {fix}")
+    missing = [key for key in RECORD_KEYS if key not in saved]
+    if missing:
+        raise RunRecordError(f"{path}: not a complete run record (no {', '.join(map(repr, missing))}); {fix}")
+    spec = saved["spec"]
+    if not isinstance(spec, dict) or set(spec) != {f.name for f in dataclass_fields(RunSpec)}:
+        raise RunRecordError(f"{path}: not a run record (its 'spec' is {spec!r:.80}, not a run's); {fix}")
+    kinds = {"identity": dict, "config": dict, "iterations": list, "curve": list}
+    wrong = [key for key, kind in kinds.items() if not isinstance(saved[key], kind)]
+    if wrong:
+        raise RunRecordError(
+            f"{path}: not a run record (its {wrong[0]!r} is a {type(saved[wrong[0]]).__name__}); {fix}"
+        )
+    return saved
 
 
 @dataclass(frozen=True)
@@ -240,12 +280,21 @@ class RunCache:
         path = self.path(spec)
         if not path.is_file():
             return None
-        saved = json.loads(path.read_text())
+        saved = read_record(path)
         return saved if self._trains_now(spec, saved) else None
 
     def _trains_now(self, spec: RunSpec, saved: dict[str, Any]) -> bool:
         """Whether a record's configuration trains what the current files train for ``spec``."""
         return training_identity(saved["config"]) == self.identity(spec)
+
+    def protocols(self) -> list[dict[str, Any]]:
+        """The protocol of every run record in the folder (read and checked, :func:`read_record`)."""
+        found = []
+        for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            protocol = read_record(path)["identity"].get("protocol")
+            if isinstance(protocol, dict):
+                found.append(protocol)
+        return found
 
     def _ran_here(self, saved: dict[str, Any]) -> bool:
         """Whether a record ran under this protocol."""
@@ -263,7 +312,7 @@ class RunCache:
         """Every run in the folder that :meth:`load` would return (a moved grid's rates too), with
         its whole record, each file read once."""
         for path in sorted(self.folder.glob("*.json")):
-            saved = json.loads(path.read_text())
+            saved = read_record(path)
             spec = RunSpec(**saved["spec"])
             if path == self.path(spec) and self._ran_here(saved) and self._trains_now(spec, saved):
                 yield spec, saved
@@ -371,10 +420,15 @@ def timing(specs: list[RunSpec], *, rounds: int = 3, iterations: int = 3) -> dic
     ones (the phase times the module logs, evaluation excluded), so that drift of the machine's
     speed falls on every method alike."""
     totals: dict[str, dict[str, float]] = {}
+    per_round: dict[str, list[float]] = {}  # each round's seconds per iteration, for an interval over rounds
     protocol = Protocol(budget=math.inf, evaluations=1, eval_seeds=1, max_iterations=iterations + 1)
     for _ in range(rounds):
         for spec in specs:
             run = train(spec, protocol).run
+            timed = run.iterations[1:]
+            per_round.setdefault(spec.method, []).append(
+                sum(i["rollout_s"] + i["reward_s"] + i["advantages_s"] + i["train_s"] for i in timed) / len(timed)
+            )
             t = totals.setdefault(
                 spec.method,
                 {
@@ -409,5 +463,6 @@ def timing(specs: list[RunSpec], *, rounds: int = 3, iterations: int = 3) -> dic
             "seconds_per_sampling_forward": sampling,
             "seconds_per_trained_forward": trained,
             "trained_forward_in_sampling_forwards": trained / sampling,
+            "rounds_seconds_per_iteration": per_round[name],
         }
     return {"rounds": rounds, "iterations": iterations, "methods": methods}

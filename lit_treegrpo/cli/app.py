@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -60,9 +59,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
+from ..common.config_yaml import use_checked_yaml
+from ..common.env import env_flag
 from ..common.errors import explain_os_error
 from ..data.datamodule import PromptDataModule
-from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, read_checkpoint
+from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, intact_checkpoints, read_checkpoint
 from ..runs.export import check_out
 from ..runs.run_folder import (
     RunConfigRecord,
@@ -84,7 +85,7 @@ from .run_output import (
     iteration_limit,
     loggers_in_run_folder,
     output_callbacks,
-    quiet_startup,
+    quiet_known_warnings,
 )
 from .user_errors import (
     RUN_FAULTS,
@@ -93,6 +94,7 @@ from .user_errors import (
     OneLineParser,
     UserError,
     check_yaml_file,
+    check_yaml_values,
     config_files,
     exit_status,
     one_line,
@@ -107,6 +109,7 @@ class TreeGRPOCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        use_checked_yaml()  # no duplicate key, aliases bounded, in every YAML jsonargparse reads
         self._verified: str | None = None  # the --ckpt_path file already checked
         self._checkpoint: dict[str, Any] | None = None  # what was read from it, handed to its users
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
@@ -172,8 +175,9 @@ class TreeGRPOCLI(LightningCLI):
                 default=False,
                 help=(
                     "Start a new run in a --trainer.default_root_dir that already holds one "
-                    "(checkpoints/last.ckpt): its checkpoints/, tensorboard/ and samples/ are deleted once "
-                    "the new run's model has loaded. Without it such a fit is refused; --ckpt_path last "
+                    "(checkpoints/last.ckpt): the files a fit writes in its checkpoints/, tensorboard/ and "
+                    "samples/ are deleted once the new run's model has loaded (other files stay; a sub-folder "
+                    "that is a symbolic link is refused). Without it such a fit is refused; --ckpt_path last "
                     "resumes the run instead."
                 ),
             )
@@ -184,8 +188,11 @@ class TreeGRPOCLI(LightningCLI):
         # string>"; read each one first, so the message names the file
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, (list, tuple)):
-            for path in config_files(argv):
+            files = config_files(argv)
+            OneLineParser.config_sources = tuple((f, os.path.abspath(f)) for f in files)
+            for path in files:
                 check_yaml_file(path)
+            check_yaml_values(argv)
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -234,11 +241,12 @@ class TreeGRPOCLI(LightningCLI):
             except RunFolderError as err:
                 raise UserError(str(err)) from err
         self._ckpt_path = self._checked_ckpt_path(config)
-        if self.subcommand == "fit" and self._ckpt_path not in (None, "best", "hpc", "registry"):
+        if self._ckpt_path not in (None, "best", "hpc", "registry"):
             assert self._checkpoint is not None  # read by _checked_ckpt_path
-            check_resume_options(config, self._checkpoint, self._ckpt_path)  # the resume rules, before the model loads
+            # the resume rules (the weights' own, for the other commands), before the model loads
+            check_resume_options(config, self._checkpoint, self._ckpt_path, fitting=self.subcommand == "fit")
         if self.subcommand == "export":
-            check_out(config.get("out"))  # before the model loads
+            check_out(config.get("out"), overwrite=config.get("overwrite", False))  # before the model loads
         if owner:
             self._take_run_folder(root, overwrite=config.get("overwrite", False))
 
@@ -281,8 +289,8 @@ class TreeGRPOCLI(LightningCLI):
             raise UserError(f"--ckpt_path: no checkpoint at {path}; check the path, or {fix}")
         if path.is_dir():
             # this project's checkpoints are single files (sharded ones are refused when written)
-            inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
-            hint = f" such as {inside[0]}" if inside else ""
+            inside = intact_checkpoints(path, most=1) or intact_checkpoints(path / "checkpoints", most=1)
+            hint = f" such as {inside[0]}" if inside else ""  # only a file that reads as a checkpoint
             raise UserError(f"--ckpt_path: {path} is a folder; give a checkpoint file{hint}, or last")
         if self._verified != str(path):  # not already read by _parse_ckpt_path
             self._verify_checkpoint(path, f"--ckpt_path {given}" if given == "last" else "--ckpt_path")
@@ -385,7 +393,10 @@ class TreeGRPOCLI(LightningCLI):
         # --overwrite true deletes the earlier run only now that this one's model and trainer are
         # built: a fit that fails to load keeps the earlier run
         if self._clear_before_fit is not None:
-            clear_run(self._clear_before_fit)
+            try:
+                clear_run(self._clear_before_fit)  # says which files it kept
+            except RunFolderError as err:
+                raise UserError(str(err)) from err
         # recorded in checkpoints, so that a resume can refuse another adapter option by name
         self.model.adapter_config = adapter_config(self.config["fit"]["model"])
         self._resolve_ckpt_path()
@@ -423,26 +434,17 @@ class TreeGRPOCLI(LightningCLI):
             say_which_weights(self.subcommand, Path(config["trainer"].get("default_root_dir") or DEFAULT_ROOT))
 
 
-def quiet_known_warnings() -> None:
-    """Silence, for the whole process, the warnings that say nothing a user can act on. Both
-    Lightning warnings are by design here: adapters keep every submodule in eval mode (no dropout
-    in the policy), and the prompt stream is a pure function of the step, with nothing for loader
-    workers to do. The third is Lightning's own use of a torch API it has not caught up with."""
-    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
-    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    quiet_startup()
-
-
 def main(args: list[str] | None = None) -> None:
     """Console entry: run the CLI; an error from the configuration, files or environment becomes
     one line on stderr and exit status 2, a run stopped by a numerical fault one line and status 1,
     validate / test / predict stopped by SIGTERM one line and status 143."""
     quiet_known_warnings()
+    debug = False  # a value env_flag refuses is itself a user error, reported without a traceback
     try:
+        debug = env_flag(DEBUG_ENV)
         TreeGRPOCLI(args=args)
     except (*RUN_FAULTS, CommandInterrupted, *USER_ERRORS) as err:
-        if os.environ.get(DEBUG_ENV):
+        if debug:
             raise
         print(f"error: {one_line(err)}  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         sys.exit(exit_status(err))

@@ -22,6 +22,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from ..common.values import check_arguments
 from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
@@ -75,6 +76,66 @@ def _nan_options(value: Any, option: str) -> list[str]:
     return []
 
 
+#: the options that are paths, with the fix an empty one gets
+PATH_OPTIONS = {
+    "trainer.default_root_dir": "give the run's folder, or leave the option out for runs/lit_treegrpo",
+    "ckpt_path": "give a checkpoint file, or last, or leave the option out to start a new run",
+    "out": "give the folder to write the export to, e.g. --out exports/my_run",
+    "data.prompts": "give a prompt file or the name of a built-in prompt set",
+    "data.val_prompts": "give a prompt file, or leave the option out to hold out --data.val_fraction of the prompts",
+}
+
+
+def _class_specs(value: Any, option: str) -> list[tuple[str, Any]]:
+    """Every ``class_path`` / ``init_args`` spec under ``value`` (a parsed section), with its option."""
+    value = value.as_dict() if isinstance(value, Namespace) else value
+    if isinstance(value, dict):
+        found = [(option, value)] if "class_path" in value and isinstance(value.get("init_args"), dict) else []
+        return found + [
+            spec
+            for k, v in value.items()
+            if not str(k).startswith("__") and k != "init_args"
+            for spec in _class_specs(v, f"{option}.{k}")
+        ]
+    if isinstance(value, (list, tuple)):
+        return [spec for i, v in enumerate(value) for spec in _class_specs(v, f"{option}[{i}]")]
+    return []
+
+
+def _path_parameters(class_path: str) -> set[str]:
+    """The parameters of a class (``**kwargs`` followed up its bases) whose annotation is a path."""
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return set()  # jsonargparse has refused such a class path already
+    found: set[str] = set()
+    for base in getattr(cls, "__mro__", ()):
+        init = vars(base).get("__init__")
+        if init is None:
+            continue
+        found |= {k for k, v in getattr(init, "__annotations__", {}).items() if re.search(r"path|PATH", str(v))}
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return found
+
+
+def check_paths(config: Any) -> None:
+    """Refuse a path option that is empty or whitespace (``--trainer.default_root_dir ''`` wrote the
+    run into the working directory), among :data:`PATH_OPTIONS` and the path-typed arguments of
+    every class the configuration builds (adapter, loggers, callbacks ...)."""
+    for key, fix in PATH_OPTIONS.items():
+        value = config.get(key) if "." not in key or config.get(key.split(".")[0]) is not None else None
+        if isinstance(value, str) and not value.strip():
+            raise UserError(f"--{key}: empty; {fix}")
+    for section in ("model", "trainer", "data"):
+        for option, spec in _class_specs(config.get(section), f"--{section}"):
+            paths = _path_parameters(spec["class_path"])
+            for arg, value in spec["init_args"].items():
+                if arg in paths and isinstance(value, str) and not value.strip():
+                    raise UserError(f"{option}.init_args.{arg}: empty; give a path, or leave the option out")
+
+
 def check_config(config: Any, subcommand: str | None = None) -> None:
     """Everything the run's options say that can be checked without weights: no NaN anywhere, the
     trainer's options (for ``subcommand``; None: as for fit), the tree, advantage, loss,
@@ -88,6 +149,7 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     ]
     if nans:
         raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
+    check_paths(config)
     check_trainer(_plain(config["trainer"]), subcommand)
     model = config["model"]
     try:
@@ -203,31 +265,49 @@ def check_optimizer(spec: Any, option: str) -> None:
 
 # ------------------------------------------------------------------------ the rewards' loaders
 def check_reward_arguments(names: list[str], kwargs: dict[str, dict[str, Any]]) -> None:
-    """Refuse ``--model.reward_kwargs`` that a reward's loader does not take (or lacks one it
-    needs), in one line with the arguments it takes: otherwise a ``TypeError`` once the policy has
-    loaded."""
+    """Refuse ``--model.reward_kwargs`` that a reward's loader does not take, lacks, or that are
+    not of the type and range the loader declares (:func:`~lit_treegrpo.common.values.check_arguments`),
+    in one line naming the argument: otherwise a ``TypeError`` once the policy has loaded."""
     for name in names:
-        loader = REWARDS[name]
-        given = kwargs.get(name) or {}
-        if not isinstance(given, dict):
-            raise UserError(f"--model.reward_kwargs.{name}: give a mapping of {name}'s arguments, got {given!r}")
-        params = inspect.signature(loader).parameters
-        takes = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
-        if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
-            for key in given:
-                if key not in takes:
-                    close = difflib.get_close_matches(key, takes, n=1, cutoff=0.6)
-                    hint = f"did you mean {close[0]}? " if close else ""
-                    raise UserError(
-                        f"--model.reward_kwargs.{name}.{key}: reward {name!r} takes no argument {key!r}; "
-                        f"{hint}it takes {', '.join(takes)}"
-                    )
-        missing = [p for p in takes if params[p].default is inspect.Parameter.empty and p not in given]
-        if missing:
-            raise UserError(
-                f"--model.reward_kwargs.{name}.{missing[0]}: reward {name!r} needs it; "
-                f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'"
-            )
+        _check_loader_arguments(name, kwargs.get(name), f"--model.reward_kwargs.{name}")
+
+
+def _check_loader_arguments(name: str, given: Any, option: str) -> None:
+    """The arguments ``given`` to the loader of reward ``name`` (see :func:`check_reward_arguments`);
+    a reward that builds another by name (``frame_average``'s ``image``) has that one's checked too."""
+    loader = REWARDS[name]
+    given = {} if given is None else given
+    if not isinstance(given, dict):
+        raise UserError(f"{option}: give a mapping of {name}'s arguments, got {given!r}")
+    params = inspect.signature(loader).parameters
+    takes = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
+        for key in given:
+            if key not in takes:
+                close = difflib.get_close_matches(key, takes, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}? " if close else ""
+                raise UserError(
+                    f"{option}.{key}: reward {name!r} takes no argument {key!r}; {hint}it takes {', '.join(takes)}"
+                )
+    missing = [p for p in takes if params[p].default is inspect.Parameter.empty and p not in given]
+    if missing:
+        raise UserError(
+            f"{option}.{missing[0]}: reward {name!r} needs it; "
+            f"give it, e.g. --model.reward_kwargs '{{{name}: {{{missing[0]}: ...}}}}'"
+        )
+    try:
+        check_arguments(loader, given, option)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    nested = getattr(getattr(loader, "__self__", loader), "nested_reward", None)
+    if nested is not None:  # (the argument naming the reward, the argument holding its loader's)
+        inner = given.get(nested[0], params[nested[0]].default)
+        if isinstance(inner, str):
+            try:
+                check_reward_names(inner, {})
+            except (ValueError, ImportError) as err:
+                raise UserError(f"{option}.{nested[0]}: {err}") from err
+            _check_loader_arguments(inner, given.get(nested[1]), f"{option}.{nested[1]}")
 
 
 def adapter_config(model: Any) -> dict[str, Any] | None:
@@ -269,11 +349,14 @@ def configured_fingerprint(config: Any) -> dict[str, Any]:
     return found
 
 
-def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str) -> None:
-    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads):
-    refuse an option it may not change (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``,
-    one line). The module checks again when the checkpoint loads, with what only the model knows
+def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str, *, fitting: bool = True) -> None:
+    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads), or
+    another command that loads it (not ``fitting``): refuse an option it may not change
+    (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``, one line, with the fix for
+    that command). The module checks again when the checkpoint loads, with what only the model knows
     (the trainable tensors), and a checkpoint that records none of this is left to it."""
     saved = fingerprint_of(checkpoint)
     if saved is not None:
-        check_resumable(saved, configured_fingerprint(config), None, fitting=True, where=f"the checkpoint {ckpt_path}")
+        check_resumable(
+            saved, configured_fingerprint(config), None, fitting=fitting, where=f"the checkpoint {ckpt_path}"
+        )

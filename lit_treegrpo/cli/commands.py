@@ -28,6 +28,7 @@ class ExportCommand:
         out: str | None = None,
         merged: bool = False,
         ema: bool = False,
+        overwrite: bool = False,
     ) -> None:
         """Write a checkpoint's trained weights in the model family's diffusers format, with a card.
 
@@ -35,9 +36,11 @@ class ExportCommand:
             model: the run's model, from --config (the checkpoint holds the trainable weights only).
             datamodule: unused.
             ckpt_path: the checkpoint: ``last`` (``<default_root_dir>/checkpoints/last.ckpt``) or a file.
-            out: the folder to write: new, empty, or an earlier export (replaced).
+            out: the folder to write: new or empty (an earlier export there needs --overwrite true).
             merged: write the full denoiser with the LoRA merged in, instead of the LoRA alone.
             ema: also write the run's EMA weights (``<out>/ema``); the run must have had an EMA callback.
+            overwrite: replace an earlier export in --out: only the files it wrote (listed in its
+                export.json); other files there stay.
         """
         raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
 
@@ -52,7 +55,7 @@ def export_checkpoint(
     adapter_config: Any = None,
 ) -> None:
     """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``,
-    then written out with ``options`` (``out``, ``merged``, ``ema``); the card's rewards come from
+    then written out with ``options`` (``out``, ``merged``, ``ema``, ``overwrite``); the card's rewards come from
     the run's TensorBoard events under ``root``, its base model from ``adapter_config`` (the
     configured adapter's namespace)."""
     restore(model, checkpoint)
@@ -72,6 +75,7 @@ def export_checkpoint(
         checkpoint=ckpt_path,
         adapter_config=adapter_config.as_dict() if hasattr(adapter_config, "as_dict") else None,
         pruning=pruning_options(checkpoint),
+        overwrite=options.get("overwrite", False),
     )
     rank_zero_info(f"exported {ckpt_path} (iteration {model.iteration}) to {out}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,17 @@ def quiet_startup() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) and f.fragment == fragment for f in logger.filters):
             logger.addFilter(_DropMessages(fragment))
+
+
+def quiet_known_warnings() -> None:
+    """Silence, for the whole process, the warnings that say nothing a user can act on. Both
+    Lightning warnings are by design here: adapters keep every submodule in eval mode (no dropout
+    in the policy), and the prompt stream is a pure function of the step, with nothing for loader
+    workers to do. The third is Lightning's own use of a torch API it has not caught up with."""
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    quiet_startup()
 
 
 def output_callbacks(

@@ -22,6 +22,7 @@ import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ..common.config_yaml import ConfigYAMLError, checked_loader, load_yaml, read_yaml_file
 from ..common.errors import explain_os_error, first_line
 from ..rewards import NonFiniteRewardError
 from ..training.faults import FaultLimitError
@@ -40,11 +41,16 @@ class OneLineParser(LightningArgumentParser):
     did-you-mean) instead of jsonargparse's usage block. Parsers that jsonargparse builds with
     ``exit_on_error=False`` for its own nested checks keep raising ``ArgumentError`` as before."""
 
+    #: the ``--config`` files of the command line being parsed, as given and as absolute paths (a
+    #: parse runs inside the config file's folder), so that an error can name the file that set an
+    #: option (set by the CLI before it parses)
+    config_sources: tuple[tuple[str, str], ...] = ()
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        raise UserError(explain_parse_error(message, parser))
+        raise UserError(explain_parse_error(message, parser, self.config_sources))
 
 
 def _options(parser: Any) -> list[str]:
@@ -122,8 +128,50 @@ def _no_such_option(option: str, options: list[str], see: str, what: str = "") -
     return f"{option}{what}: no such option{_did_you_mean(option, options, list_siblings=True)} ({see})"
 
 
-def explain_parse_error(message: str, parser: Any) -> str:
-    """jsonargparse's multi-line parse error -> one line naming the option and the fix."""
+def _setting_file(files: tuple[tuple[str, str], ...], keys: list[str]) -> str | None:
+    """The last of ``files`` (YAML configs, as given and absolute) that sets the nested key
+    ``keys``, as given, or None."""
+    found = None
+    for given, path in files:
+        try:
+            value: Any = read_yaml_file(path, f"--config {given}")
+        except (ValueError, OSError):
+            continue  # reported on its own by check_yaml_file
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            found = given
+    return found
+
+
+def _option_elsewhere(class_path: str, name: str, option: str, files: tuple[tuple[str, str], ...]) -> str | None:
+    """Why an adapter does not take ``name`` when other adapter families do (a method preset for
+    flow-matching models on SD 1.5, say): which adapters take it, and the config file that set it."""
+    from ..models import DiffusionAdapter, FluxAdapter, QwenImageAdapter, SD3Adapter, SD15Adapter, WanAdapter
+    from ..models.flow import FlowMatchingAdapter
+    from ..models.shapes import ShapesAdapter
+
+    module, _, cls_name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, DiffusionAdapter)):
+        return None
+    families = (SD3Adapter, FluxAdapter, QwenImageAdapter, WanAdapter, ShapesAdapter, SD15Adapter)
+    takers = [f for f in families if name in _init_parameters(f"{f.__module__}.{f.__name__}")]
+    if not takers:
+        return None
+    flow = all(issubclass(f, FlowMatchingAdapter) for f in takers) and not issubclass(cls, FlowMatchingAdapter)
+    kind = "a flow-matching adapter" if flow else "another adapter"
+    source = _setting_file(files, [*option.removeprefix("--").split("."), "init_args", name])
+    who = f"{source} sets it, and needs" if source else "the configuration that sets it needs"
+    return (
+        f"{option}.init_args.{name}: {cls_name} takes no option {name!r}; {who} {kind} (one that takes it: "
+        f"{', '.join(f.__name__ for f in takers)}): give one as --model.adapter, or leave {name} out"
+    )
+
+
+def explain_parse_error(message: str, parser: Any, files: tuple[tuple[str, str], ...] = ()) -> str:
+    """jsonargparse's multi-line parse error -> one line naming the option and the fix; ``files``
+    (the ``--config`` files) let it name the file that set an option."""
     prog = parser.prog.replace(" [options]", "")
     see = f"`{prog} --help` lists every option"
     options = _options(parser)
@@ -148,11 +196,14 @@ def explain_parse_error(message: str, parser: Any) -> str:
     if class_option:
         class_path, name = class_option.groups()
         hint = _did_you_mean(name, _init_parameters(class_path))
+        elsewhere = None if hint else _option_elsewhere(class_path, name, option, files)
+        if elsewhere is not None:
+            return f"{elsewhere} ({see})"
         return f"{option}.init_args.{name}: {class_path} takes no option {name!r}{hint} ({see})"
     nested = re.search(r'Parser key "([\w.]+)":\s*(.*)', detail, flags=re.S)
     if nested:  # a bad init_args value of a class_path option (an adapter, an optimizer ...)
         return explain_parse_error(
-            f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser
+            f'Parser key "{keyed.group(1)}.init_args.{nested.group(1)}": {nested.group(2)}', parser, files
         )
     class_problem = re.search(r"Problem with given class_path '([\w.]+)':\s*(.*)", detail, flags=re.S)
     if class_problem:
@@ -185,24 +236,41 @@ def config_files(argv: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def check_yaml_file(path: str) -> None:
-    """Raise :class:`UserError` naming ``--config path`` when the file is not valid YAML."""
+    """Raise :class:`UserError` naming ``--config path`` when the file is larger than
+    :data:`~lit_treegrpo.common.config_yaml.MAX_CONFIG_BYTES`, not UTF-8, not valid YAML, gives a
+    key twice or expands beyond the alias bound (:mod:`lit_treegrpo.common.config_yaml`)."""
     if not Path(path).is_file():
         return  # jsonargparse's own error names the missing file
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(
-            f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8"
-        ) from err
+        read_yaml_file(path, f"--config {path}")
+    except ValueError as err:  # too large, not UTF-8, not valid or refused YAML: named already
+        raise UserError(str(err)) from err
     except OSError as err:
         raise UserError(f"--config {path}: cannot read it: {explain_os_error(err)}") from err
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or first_line(err)
-        raise UserError(f"--config {path}: not valid YAML: {problem}{where}; fix the file") from err
+
+
+def check_yaml_values(argv: list[str] | tuple[str, ...]) -> None:
+    """Refuse a command-line value written in YAML (``--model.reward_kwargs '{a: 1, a: 2}'``) that
+    gives a key twice or expands beyond the alias bound, naming its option. A value that is no
+    YAML at all is left to jsonargparse, which takes it as text."""
+    option = None
+    loader = checked_loader()
+    for arg in argv:
+        arg = str(arg)
+        if arg.startswith("--"):
+            option, _, value = arg.partition("=")
+            if not value:
+                continue
+        else:
+            value = arg
+        if option in (None, "--config") or not any(c in value for c in ":[{&*"):
+            continue
+        try:
+            load_yaml(value, loader)
+        except ConfigYAMLError as err:
+            raise UserError(f"{option}: {err}") from err
+        except yaml.YAMLError:
+            continue  # not YAML: a plain text value
 
 
 # numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,

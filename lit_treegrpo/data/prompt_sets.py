@@ -10,8 +10,11 @@
   Shapes world) and ``shapes_world`` (its whole grammar, 360 prompts with size and position words:
   :func:`lit_treegrpo.shapes.world.all_prompts`).
 
-Long prompts are passed through untouched: truncating to the text encoder's limit is the model
-adapter's business (it warns).
+Every prompt must be printable text (a NUL or another control character is refused, naming the
+line), and a file is read only up to :data:`MAX_PROMPT_FILE_BYTES`. A prompt longer than
+:data:`~lit_treegrpo.common.text.MAX_PROMPT_CHARS` characters is cut there, with one warning, before
+anything tokenises it (tokenisers read the whole string first); truncating to the text encoder's
+token limit is the model adapter's business (it warns).
 """
 
 from __future__ import annotations
@@ -30,12 +33,16 @@ from typing import Any, NamedTuple
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..common.errors import explain_os_error
+from ..common.files import MiB, read_limited
+from ..common.text import check_prompt, cut_prompts
 
 SUFFIXES = {
     ".txt": "one prompt per line",
     ".jsonl": "one JSON object with a 'prompt' field per line",
     ".csv": "a header row with a 'prompt' column",
 }
+#: the largest prompt file read (a million 100-character prompts fit)
+MAX_PROMPT_FILE_BYTES = 256 * MiB
 _BUILTIN_PACKAGE = "lit_treegrpo.data"
 _BUILTIN_FOLDER = "prompts"
 
@@ -71,7 +78,7 @@ def load_prompts(source: str, *, option: str = "--data.prompts") -> PromptSet:
             supported = "; ".join(f"{ext} ({what})" for ext, what in SUFFIXES.items())
             raise ValueError(f"{option}: {name} has the unsupported extension '{path.suffix}'; use one of {supported}")
         try:
-            data = path.read_bytes()
+            data = read_limited(path, MAX_PROMPT_FILE_BYTES, option)
         except OSError as err:  # permissions, an I/O error, a file that vanished
             raise ValueError(f"{option}: cannot read {name}: {explain_os_error(err)}") from err
     elif source in available_prompt_sets():
@@ -91,6 +98,7 @@ def load_prompts(source: str, *, option: str = "--data.prompts") -> PromptSet:
     prompt_set = parse(text, name, option)
     if not prompt_set.prompts:
         raise ValueError(f"{option}: {name} has a header but no prompt rows; add one row per prompt")
+    prompt_set = PromptSet(cut_prompts(prompt_set.prompts, f"{option}: {name}"), prompt_set.metadata)
     counts = Counter(prompt_set.prompts)
     repeated = {prompt: n for prompt, n in counts.items() if n > 1}
     if repeated:
@@ -128,7 +136,7 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _parse_txt(text: str, name: str, option: str) -> PromptSet:
-    prompts = [line.strip() for _, line in _lines(text)]
+    prompts = [check_prompt(line.strip(), f"{option}: {name} line {number}") for number, line in _lines(text)]
     return PromptSet(prompts, [{} for _ in prompts])
 
 
@@ -158,14 +166,30 @@ def _parse_jsonl(text: str, name: str, option: str) -> PromptSet:
         prompt = record.pop("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}")
-        prompts.append(prompt.strip())
+        prompts.append(check_prompt(prompt.strip(), where))
         metadata.append(record)
     return PromptSet(prompts, metadata)
 
 
-def _parse_csv(text: str, name: str, option: str) -> PromptSet:
+def _csv_rows(text: str, name: str, option: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, row) of a CSV text; the csv module's errors (a field over its size limit, a
+    quote left open) in one line naming the line."""
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = [column.strip() for column in next(row for row in reader if any(cell.strip() for cell in row))]
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise ValueError(
+                f"{option}: {name} line {reader.line_num} cannot be read as CSV ({err}); fix that line"
+            ) from None
+        yield reader.line_num, row
+
+
+def _parse_csv(text: str, name: str, option: str) -> PromptSet:
+    reader = _csv_rows(text, name, option)
+    header = [column.strip() for column in next(row for _, row in reader if any(cell.strip() for cell in row))]
     if "prompt" not in header:
         raise ValueError(
             f"{option}: {name} has no 'prompt' column (columns: {', '.join(map(repr, header))}); "
@@ -174,16 +198,16 @@ def _parse_csv(text: str, name: str, option: str) -> PromptSet:
     column = header.index("prompt")
     prompts: list[str] = []
     metadata: list[dict[str, Any]] = []
-    for row in reader:
+    for line, row in reader:
         if not any(cell.strip() for cell in row):
             continue
-        where = f"{option}: {name} line {reader.line_num}"
+        where = f"{option}: {name} line {line}"
         if len(row) != len(header):
             raise ValueError(
                 f"{where} has {len(row)} fields but the header has {len(header)}; quote fields with commas"
             )
         if not row[column].strip():
             raise ValueError(f"{where} has an empty prompt")
-        prompts.append(row[column].strip())
+        prompts.append(check_prompt(row[column].strip(), where))
         metadata.append({key: value for i, (key, value) in enumerate(zip(header, row)) if i != column})
     return PromptSet(prompts, metadata)

@@ -19,13 +19,7 @@ transformers / huggingface_hub inside the loaders; never the Lightning layer.
 from __future__ import annotations
 
 from lit_treegrpo.rewards.aesthetic import Aesthetic
-from lit_treegrpo.rewards.base import (
-    MultiReward,
-    NonFiniteRewardError,
-    RewardLoadError,
-    RewardModel,
-    RewardScores,
-)
+from lit_treegrpo.rewards.base import MultiReward, RewardLoadError, RewardModel
 from lit_treegrpo.rewards.build import build_rewards, check_reward_kind
 from lit_treegrpo.rewards.clip_score import CLIPScore
 from lit_treegrpo.rewards.hps import HPSv2
@@ -40,6 +34,7 @@ from lit_treegrpo.rewards.registry import (
     check_reward_available,
     check_reward_names,
 )
+from lit_treegrpo.rewards.scores import NonFiniteRewardError, RewardOutputError, RewardScores
 from lit_treegrpo.rewards.shapes import ShapesAnalysis, ShapesReward
 from lit_treegrpo.rewards.video import (
     FrameAverage,
@@ -66,6 +61,7 @@ __all__ = [
     "PickScore",
     "RewardLoadError",
     "RewardModel",
+    "RewardOutputError",
     "RewardScores",
     "ShapesAnalysis",
     "ShapesReward",

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lit_treegrpo.rewards.base import RewardLoadError, resolve_file
+from lit_treegrpo.rewards.base import BatchSize, RewardLoadError, resolve_file
 from lit_treegrpo.rewards.clip_common import ClipReward, load_clip, write_tiny_clip
 
 AESTHETIC_CLIP = "openai/clip-vit-large-patch14"
@@ -71,7 +71,7 @@ class Aesthetic(ClipReward):
     name = "aesthetic"
     uses_prompt = False
 
-    def __init__(self, model, head: nn.Module, max_batch: int | None = None) -> None:
+    def __init__(self, model, head: nn.Module, max_batch: BatchSize | None = None) -> None:
         super().__init__(model, tokenizer=None, max_batch=max_batch)
         dim = int(model.config.projection_dim)
         first = next(m for m in head.modules() if isinstance(m, nn.Linear))
@@ -86,7 +86,7 @@ class Aesthetic(ClipReward):
         head: str | Path,
         clip: str | Path = AESTHETIC_CLIP,
         dtype: torch.dtype = torch.float32,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> Aesthetic:
         """``head``: a local ``.pth`` (or ``owner/repo/filename`` on the hub); ``clip``: the CLIP
         ViT-L/14 folder or hub id. One-line error when either is missing."""
@@ -99,7 +99,7 @@ class Aesthetic(ClipReward):
         )
 
     @classmethod
-    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: int | None = None) -> Aesthetic:
+    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: BatchSize | None = None) -> Aesthetic:
         """A random tiny CLIP and a random MLP head saved in ``folder``, through
         :meth:`from_pretrained`."""
         folder = Path(folder)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,19 @@ from torch import Tensor, nn
 
 from lit_treegrpo.common.errors import first_line
 from lit_treegrpo.common.hub import local_or_hub_id, require_hub, starts_like_path
+from lit_treegrpo.common.values import Range
 from lit_treegrpo.core.advantages import combine_rewards
 from lit_treegrpo.core.choices import check_choice, choices
+from lit_treegrpo.rewards.scores import (  # the checks of what a reward returns; re-exported here
+    _SHOW,
+    DEFAULT_NAME,
+    RewardScores,
+    check_finite,
+    check_reward_scores,
+    check_scores,
+    checking_output,
+    label,
+)
 
 # OpenAI CLIP's pixel statistics, used by CLIP, OpenCLIP ViT-H-14 (HPSv2, PickScore) and BLIP.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -32,13 +43,12 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 Aggregate = Literal["normalize_then_weight", "weighted_sum"]
 AGGREGATES: tuple[str, ...] = choices(Aggregate)
-_SHOW = 8  # how many offending indices / prompts an error message lists
 
 T = TypeVar("T")
 
-
-class NonFiniteRewardError(ValueError):
-    """A reward produced NaN or infinite scores."""
+#: images (videos) per scoring call, as every reward loader declares its ``max_batch`` (``None``:
+#: the whole batch at once); the CLI checks ``--model.reward_kwargs`` against such declarations
+BatchSize = Annotated[int, Range(low=1)]
 
 
 #: why a mapping of reward weights that are all 0 is refused
@@ -155,18 +165,6 @@ def check_inputs(images: Tensor, prompts: Sequence[str], name: str) -> None:
         )
 
 
-def check_finite(scores: Tensor, name: str, prompts: Sequence[str]) -> None:
-    """Raise :class:`NonFiniteRewardError` naming ``name``, the indices and their prompts."""
-    bad = ~torch.isfinite(scores)  # [B]
-    if bool(bad.any()):
-        idx = bad.nonzero().squeeze(1).tolist()
-        shown = [prompts[i] for i in idx[:_SHOW]]
-        raise NonFiniteRewardError(
-            f"reward '{name}' gave non-finite scores for {len(idx)} of {scores.numel()} images "
-            f"(indices {idx[:_SHOW]}, prompts {shown})"
-        )
-
-
 def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], repo_id: str | None = None) -> T:
     """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
     cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
@@ -234,11 +232,18 @@ class RewardModel(nn.Module):
             memory for large trees without changing the scores.
     """
 
-    name: str = "reward"
+    name: str = DEFAULT_NAME
     #: whether the score depends on the prompt (documentation and tests)
     uses_prompt: bool = True
 
-    def __init__(self, max_batch: int | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("score")
+        if own is not None and not getattr(own, "checks_output", False):
+            # a reward of its own making may return anything: checked at every call, the first included
+            cls.score = checking_output(own)  # type: ignore[method-assign]
+
+    def __init__(self, max_batch: BatchSize | None = None) -> None:
         super().__init__()
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"reward '{self.name}': max_batch must be >= 1 or None, got {max_batch}")
@@ -263,18 +268,20 @@ class RewardModel(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement score_batch")
 
     def raw_scores(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
-        """``score_batch`` in chunks of ``max_batch``, without the checks: float32 [B]."""
+        """``score_batch`` in chunks of ``max_batch``, each chunk's output checked (:func:`check_scores`),
+        without the input and finiteness checks: float32 [B]."""
         prompts = list(prompts)
         step = self.max_batch or images.shape[0]
         with torch.no_grad():
             chunks = [
-                self.score_batch(images[i : i + step], prompts[i : i + step]).reshape(-1).float()
+                check_scores(
+                    self.score_batch(images[i : i + step], prompts[i : i + step]),
+                    len(prompts[i : i + step]),
+                    label(self),
+                )
                 for i in range(0, images.shape[0], step)
             ]
-        scores = torch.cat(chunks)  # [B]
-        if scores.shape != (images.shape[0],):
-            raise RuntimeError(f"reward '{self.name}' returned {scores.numel()} scores for {images.shape[0]} images")
-        return scores
+        return torch.cat(chunks)  # [B]
 
     def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
         """Scores [B] float32 of ``images`` [B, 3, H, W] in [0, 1] against ``prompts`` (B strings).
@@ -296,7 +303,7 @@ class RewardModel(nn.Module):
         fault policy).
         """
         if check:
-            return RewardScores(self(images, prompts), {})
+            return check_reward_scores(RewardScores(self(images, prompts), {}), len(prompts), label(self))
         self.check(images, prompts)
         return RewardScores(self.raw_scores(images, prompts), {})
 
@@ -309,14 +316,6 @@ class RewardModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, max_batch={self.max_batch}"
-
-
-class RewardScores(NamedTuple):
-    """What :meth:`RewardModel.score` returns: the score and, for a MultiReward, every component
-    (for logging)."""
-
-    total: Tensor  # [B] float32
-    components: dict[str, Tensor]  # name -> [B] float32 raw (un-normalised) scores
 
 
 def unique_prompts(prompts: Sequence[str]) -> tuple[list[str], Tensor]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardModel, clip_pixels, load_or_explain, unique_prompts
+from lit_treegrpo.rewards.base import BatchSize, RewardModel, clip_pixels, load_or_explain, unique_prompts
 
 
 def _embedding(out: Any) -> Tensor:
@@ -109,7 +109,7 @@ class ClipReward(RewardModel):
         max_batch: images per model call (``None``: all at once).
     """
 
-    def __init__(self, model, tokenizer=None, max_batch: int | None = None) -> None:
+    def __init__(self, model, tokenizer=None, max_batch: BatchSize | None = None) -> None:
         super().__init__(max_batch=max_batch)
         self.model = model
         self.tokenizer = tokenizer

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lit_treegrpo.rewards.base import clip_pixels, load_tokenizer
+from lit_treegrpo.rewards.base import BatchSize, clip_pixels, load_tokenizer
 from lit_treegrpo.rewards.clip_common import (
     ClipReward,
     image_embeds,
@@ -94,7 +94,7 @@ class CLIPScore(ClipReward):
 
     name = "clip_score"
 
-    def __init__(self, model, tokenizer, max_batch: int | None = None) -> None:
+    def __init__(self, model, tokenizer, max_batch: BatchSize | None = None) -> None:
         super().__init__(model, tokenizer, max_batch=max_batch)
         self.adapter = FeatureAdapter(model)
         max_length = int(model.config.text_config.max_position_embeddings)
@@ -107,7 +107,7 @@ class CLIPScore(ClipReward):
         model: str | Path = CLIP_SCORE_MODEL,
         tokenizer: str | Path | None = None,
         dtype: torch.dtype = torch.float32,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> CLIPScore:
         """A CLIP folder or hub id (default torchmetrics' ViT-L/14); tokenizer from ``model``
         unless given. One-line error when missing offline."""
@@ -118,7 +118,7 @@ class CLIPScore(ClipReward):
         )
 
     @classmethod
-    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: int | None = None) -> CLIPScore:
+    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: BatchSize | None = None) -> CLIPScore:
         """A random 2-layer CLIP with the offline tokenizer, through :meth:`from_pretrained`."""
         path = write_tiny_clip(folder, seed=seed)
         return cls.from_pretrained(path, max_batch=max_batch)

@@ -25,6 +25,7 @@ from torch import Tensor
 from lit_treegrpo.rewards.base import (
     CLIP_MEAN,
     CLIP_STD,
+    BatchSize,
     RewardLoadError,
     load_tokenizer,
     normalize,
@@ -290,7 +291,7 @@ class HPSv2(ClipReward):
 
     name = "hps"
 
-    def __init__(self, model, tokenizer, max_batch: int | None = None) -> None:
+    def __init__(self, model, tokenizer, max_batch: BatchSize | None = None) -> None:
         super().__init__(model, tokenizer, max_batch=max_batch)
         self.freeze()
 
@@ -301,7 +302,7 @@ class HPSv2(ClipReward):
         tokenizer: str | Path = HPS_TOKENIZER,
         arch: OpenClipArch = VIT_H_14,
         dtype: torch.dtype = torch.float32,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> HPSv2:
         """``checkpoint``: ``"v2.0"``, ``"v2.1"`` (fetched from the hub repo xswu/HPSv2), a local
         file, or ``owner/repo/filename``; ``tokenizer``: a CLIP tokenizer folder or hub id."""
@@ -311,7 +312,7 @@ class HPSv2(ClipReward):
         return cls(model, load_tokenizer(tokenizer, "HPS tokenizer"), max_batch=max_batch)
 
     @classmethod
-    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: int | None = None) -> HPSv2:
+    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: BatchSize | None = None) -> HPSv2:
         """Random OpenCLIP weights of :data:`TINY_ARCH` saved as an HPS-style checkpoint in
         ``folder`` with the offline tokenizer, loaded through :meth:`from_pretrained`."""
         folder = Path(folder)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardLoadError, RewardModel, clip_pixels, load_or_explain
+from lit_treegrpo.rewards.base import BatchSize, RewardLoadError, RewardModel, clip_pixels, load_or_explain
 
 EXTRA_HINT = "pip install 'lit-treegrpo[image-reward]'"
 TEXT_LENGTH = 35  # the package tokenizes prompts to max_length=35
@@ -50,7 +50,7 @@ class ImageReward(RewardModel):
 
     name = "image_reward"
 
-    def __init__(self, model, max_batch: int | None = None) -> None:
+    def __init__(self, model, max_batch: BatchSize | None = None) -> None:
         super().__init__(max_batch=max_batch)
         self.model = model
         self.freeze()
@@ -61,7 +61,7 @@ class ImageReward(RewardModel):
         name_or_path: str | Path = "ImageReward-v1.0",
         med_config: str | Path | None = None,
         download_root: str | Path | None = None,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> ImageReward:
         """``ImageReward.load``: a name of ``ImageReward.available_models()`` (fetched from the hub
         into ``download_root``) or a local state-dict file; ``med_config`` is the BERT config

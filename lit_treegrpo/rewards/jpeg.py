@@ -10,12 +10,14 @@ diffusers). Encoding is per image on the CPU by nature; there is no model.
 from __future__ import annotations
 
 import io
+from typing import Annotated
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardModel
+from lit_treegrpo.common.values import Range
+from lit_treegrpo.rewards.base import BatchSize, RewardModel
 
 
 def jpeg_kilobytes(images: Tensor, quality: int = 95) -> Tensor:
@@ -39,7 +41,7 @@ class JpegIncompressibility(RewardModel):
     uses_prompt = False
     sign = 1.0
 
-    def __init__(self, quality: int = 95, max_batch: int | None = None) -> None:
+    def __init__(self, quality: Annotated[int, Range(1, 100)] = 95, max_batch: BatchSize | None = None) -> None:
         super().__init__(max_batch=max_batch)
         if not 1 <= quality <= 100:
             raise ValueError(f"reward '{self.name}': quality must be in [1, 100], got {quality}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import load_tokenizer
+from lit_treegrpo.rewards.base import BatchSize, load_tokenizer
 from lit_treegrpo.rewards.clip_common import (
     ClipReward,
     load_clip,
@@ -30,7 +30,7 @@ class PickScore(ClipReward):
 
     name = "pickscore"
 
-    def __init__(self, model, tokenizer, max_batch: int | None = None) -> None:
+    def __init__(self, model, tokenizer, max_batch: BatchSize | None = None) -> None:
         super().__init__(model, tokenizer, max_batch=max_batch)
         self.freeze()
 
@@ -40,7 +40,7 @@ class PickScore(ClipReward):
         model: str | Path = PICKSCORE_MODEL,
         tokenizer: str | Path = PICKSCORE_TOKENIZER,
         dtype: torch.dtype = torch.float32,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> PickScore:
         """Model and tokenizer from local folders or hub ids (one-line error when missing)."""
         return cls(
@@ -50,7 +50,7 @@ class PickScore(ClipReward):
         )
 
     @classmethod
-    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: int | None = None) -> PickScore:
+    def tiny(cls, folder: str | Path, seed: int = 0, max_batch: BatchSize | None = None) -> PickScore:
         """A random 2-layer CLIP (32 px) with the offline tokenizer, saved to and loaded from
         ``folder`` through :meth:`from_pretrained`; for tests."""
         path = write_tiny_clip(folder, seed=seed)

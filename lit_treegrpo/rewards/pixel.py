@@ -8,9 +8,12 @@ an alignment objective.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardModel
+from lit_treegrpo.common.values import Range
+from lit_treegrpo.rewards.base import BatchSize, RewardModel
 
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma weights
 
@@ -26,7 +29,9 @@ class Brightness(RewardModel):
     name = "brightness"
     uses_prompt = False
 
-    def __init__(self, target: float | None = None, max_batch: int | None = None) -> None:
+    def __init__(
+        self, target: Annotated[float, Range(0.0, 1.0)] | None = None, max_batch: BatchSize | None = None
+    ) -> None:
         super().__init__(max_batch=max_batch)
         if target is not None and not 0.0 <= target <= 1.0:
             raise ValueError(f"reward 'brightness': target must be in [0, 1] or None, got {target}")

@@ -27,12 +27,13 @@ filled with the colour has that colour as its background (no mass), one blob for
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor
 
-from lit_treegrpo.rewards.base import RewardModel, RewardScores, check_finite
+from lit_treegrpo.common.values import Range
+from lit_treegrpo.rewards.base import BatchSize, RewardModel, RewardScores, check_finite
 from lit_treegrpo.shapes import world
 from lit_treegrpo.shapes.world import COLOURS, SHAPES, SIZES, ShapeSpec, parse_prompt
 
@@ -217,7 +218,9 @@ class ShapesReward(RewardModel):
     name = "shapes"
     uses_prompt = True
 
-    def __init__(self, slack: float = 0.08, max_batch: int | None = None) -> None:
+    def __init__(
+        self, slack: Annotated[float, Range(0.0, 0.5, low_open=True)] = 0.08, max_batch: BatchSize | None = None
+    ) -> None:
         super().__init__(max_batch=max_batch)
         if not 0.0 < slack <= 0.5:
             raise ValueError(f"reward 'shapes': slack must be in (0, 0.5], got {slack}")

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_treegrpo.common.values import Range
 from lit_treegrpo.core.choices import check_choice
-from lit_treegrpo.rewards.base import MultiReward, RewardLoadError, RewardModel, check_inputs
+from lit_treegrpo.rewards.base import BatchSize, MultiReward, RewardLoadError, RewardModel, check_inputs
 from lit_treegrpo.rewards.registry import build_reward
 
 VideoScorer = Callable[[Tensor, list[str]], Tensor]  # (videos [B, F, 3, H, W], prompts) -> [B]
@@ -86,13 +87,16 @@ class FrameAverage(VideoRewardModel):
     """
 
     name = "frame_average"
+    #: the argument that names the image reward, and the one holding its loader's arguments
+    #: (the CLI checks those against that reward's declaration)
+    nested_reward = ("image", "image_kwargs")
 
     def __init__(
         self,
         image: str | RewardModel = "brightness",
         image_kwargs: Mapping[str, Any] | None = None,
-        frames: int | None = None,
-        max_batch: int | None = None,
+        frames: Annotated[int, Range(1)] | None = None,
+        max_batch: BatchSize | None = None,
     ) -> None:
         super().__init__(max_batch=max_batch)
         if frames is not None and frames < 1:
@@ -141,7 +145,9 @@ class TemporalConsistency(VideoRewardModel):
     name = "temporal_consistency"
     uses_prompt = False
 
-    def __init__(self, metric: TemporalMetric = "l2", max_side: int = 64, max_batch: int | None = None) -> None:
+    def __init__(
+        self, metric: TemporalMetric = "l2", max_side: Annotated[int, Range(1)] = 64, max_batch: BatchSize | None = None
+    ) -> None:
         super().__init__(max_batch=max_batch)
         check_choice("reward 'temporal_consistency': metric", metric, TemporalMetric)
         if max_side < 1:
@@ -216,7 +222,7 @@ class VideoModelReward(VideoRewardModel):
         scorer: str | VideoScorer,
         init_args: Mapping[str, Any] | None = None,
         uses_prompt: bool = True,
-        max_batch: int | None = None,
+        max_batch: BatchSize | None = None,
     ) -> None:
         super().__init__(max_batch=max_batch)
         if isinstance(scorer, str):

@@ -41,6 +41,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
 from ..common.errors import explain_os_error, first_line
+from ..common.files import remove_written, replace_with_written
 
 _TMP_SUFFIX = ".tmp"
 #: what every Lightning checkpoint holds, whatever wrote it
@@ -83,15 +84,16 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    temp_names = (f".{path.name}.*{_TMP_SUFFIX}",)
     for stale in _stale_temp_files(path):  # only global rank 0 writes, so none is in use
-        stale.unlink()
+        remove_written(stale, root=path.parent, names=temp_names)
     tmp = _temp_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_with_written(tmp, path)
     except (OSError, RuntimeError) as err:
         cause = _os_error_in(err)
         if cause is None:  # a RuntimeError of torch.save itself: not the disk's doing
@@ -99,7 +101,9 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
         raise CheckpointWriteError(f"cannot write the checkpoint {path}: {explain_os_error(cause)} ({kept})") from err
     finally:
-        tmp.unlink(missing_ok=True)  # gone after the replace; a partial file after a failure
+        remove_written(
+            tmp, root=path.parent, names=temp_names
+        )  # gone after the replace; a partial file after a failure
     if os.name == "posix":  # make the rename itself durable (directories cannot be opened on Windows)
         folder = os.open(path.parent, os.O_RDONLY)
         try:
@@ -207,12 +211,41 @@ def _check_zip(f: Any, path: Path, option: str, verify_data: bool) -> None:
     problem = _zip_problem(f, verify_data)
     if problem is None:
         return
-    others = sorted(p.name for p in path.parent.glob("*.ckpt") if p.name != path.name)
-    earlier = f" ({', '.join(others[:3])}{' ...' if len(others) > 3 else ''})" if others else ""
-    raise CorruptCheckpointError(
-        f"{option}: {path} is truncated or corrupt ({problem}); delete it and resume from an "
-        f"earlier checkpoint in {path.parent}{earlier}, or start over without --ckpt_path"
+    others = intact_checkpoints(path.parent, besides=path, most=3)
+    earlier = (
+        f"resume from an earlier checkpoint that reads as intact ({', '.join(str(p) for p in others)})"
+        if others
+        else f"resume from an earlier checkpoint (none in {path.parent} reads as intact)"
     )
+    raise CorruptCheckpointError(
+        f"{option}: {path} is truncated or corrupt ({problem}); delete it and {earlier}, or start over "
+        "without --ckpt_path"
+    )
+
+
+def intact_checkpoints(folder: Path, *, besides: Path | None = None, most: int = 3) -> list[Path]:
+    """Up to ``most`` ``*.ckpt`` files of ``folder`` (other than ``besides``) that read as Lightning
+    checkpoints: a complete zip, unpickled by the safe unpickler (tensors memory-mapped, not read),
+    with the keys every Lightning checkpoint holds. Advice names only files so checked: a hostile
+    or broken one planted beside a corrupt checkpoint is never suggested."""
+    found: list[Path] = []
+    for candidate in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
+        if len(found) == most:
+            break
+        if besides is not None and candidate.name == besides.name:
+            continue
+        if not candidate.is_file() or candidate.is_symlink():
+            continue
+        with open(candidate, "rb") as f:
+            if _zip_problem(f, verify_data=False) is not None:
+                continue
+        try:
+            loaded = torch.load(str(candidate), map_location="cpu", weights_only=True, mmap=True)
+        except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError):
+            continue  # refused or unreadable: not a checkpoint to suggest
+        if isinstance(loaded, dict) and all(key in loaded for key in LIGHTNING_KEYS):
+            found.append(candidate)
+    return found
 
 
 def _zip_problem(f: Any, verify_data: bool) -> str | None:

@@ -16,7 +16,9 @@
 A checkpoint holds the trainable weights only (:meth:`TreeGRPOModule.on_save_checkpoint`); the base
 weights come from the configuration, which must be the run's (the fingerprint is checked as for a
 resume). The folder is written beside ``DIR`` and moved into place, so an export that fails leaves
-no half-written ``DIR``; an earlier export in ``DIR`` is replaced.
+no half-written ``DIR``. ``DIR`` must be new or empty; an earlier export there is replaced only with
+``--overwrite true``, and then only the files its card lists (``files``, ``export.json``,
+``README.md``): a file the user added stays, and is named (rule 1 of docs/failure_modes.md).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import contextlib
 import copy
 import json
 import os
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -34,12 +35,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..common.files import (
+    MiB,
+    NotWrittenHere,
+    move_written,
+    read_text_limited,
+    remove_empty_folder,
+    remove_written,
+    remove_written_tree,
+    replace_with_written,
+)
 from .run_folder import event_folder
 
 if TYPE_CHECKING:
     from ..models.base import DiffusionAdapter
 
 CARD_FILE = "export.json"
+CARD_TEXT = "README.md"
+#: the largest card read back (an earlier export's, to know what it wrote); a card is a few KiB
+MAX_CARD_BYTES = 1 * MiB
 
 
 class ExportError(ValueError):
@@ -47,25 +61,58 @@ class ExportError(ValueError):
 
 
 # ------------------------------------------------------------------------ the folder
-def check_out(out: str | Path | None) -> Path:
-    """``--out`` as a path that an export may write: new, empty, or an earlier export (replaced)."""
+def check_out(out: str | Path | None, *, overwrite: bool = False, option: str = "--out") -> Path:
+    """``out`` as a path an export may write: new, empty, or (``overwrite``) an earlier export, whose
+    card must say what it wrote (:func:`earlier_export`)."""
     if out is None or not str(out).strip():
-        raise ExportError("--out: give the folder to write the export to, e.g. --out exports/my_run")
+        raise ExportError(f"{option}: give the folder to write the export to, e.g. {option} exports/my_run")
     path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ExportError(f"--out {path}: is a file; give a folder (it is created if missing)")
-    if path.is_dir() and any(path.iterdir()) and not (path / CARD_FILE).is_file():
+    if path.is_symlink():
         raise ExportError(
-            f"--out {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder"
+            f"{option} {path}: is a symbolic link (to {os.readlink(path)}); give the folder itself, so that "
+            "nothing is written or replaced through the link"
         )
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"{option} {path}: is a file; give a folder (it is created if missing)")
+    if path.is_dir() and any(path.iterdir()):
+        if not (path / CARD_FILE).is_file():
+            raise ExportError(
+                f"{option} {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder"
+            )
+        if not overwrite:
+            raise ExportError(
+                f"{option} {path}: holds an earlier export ({CARD_FILE}); give a new or empty folder, or pass "
+                "--overwrite true to replace the files that export wrote (other files stay)"
+            )
+        earlier_export(path, option)
     ancestor = path.parent if path.parent != Path("") else Path(".")
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ExportError(f"--out {path}: cannot create it, {ancestor} is a file; give another folder")
+        raise ExportError(f"{option} {path}: cannot create it, {ancestor} is a file; give another folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ExportError(f"--out {path}: cannot create it, {ancestor} is not writable; give a folder you can write")
+        raise ExportError(f"{option} {path}: cannot create it, {ancestor} is not writable; give a folder you can write")
     return path
+
+
+def earlier_export(out: Path, option: str = "--out") -> list[str]:
+    """The names of what the earlier export in ``out`` wrote, from its card (its ``files``, the card
+    and its text); a card that cannot be read, or names a path rather than an entry of ``out``, is
+    refused in one line."""
+    card_path = out / CARD_FILE
+    fix = f"move the folder's files away yourself, or give another {option}"
+    try:
+        card = json.loads(read_text_limited(card_path, MAX_CARD_BYTES, f"{option} {out}"))
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{option} {out}: {card_path} is not an export card ({err.msg}); {fix}") from None
+    files = card.get("files") if isinstance(card, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ExportError(f"{option} {out}: {card_path} lists no files it wrote; {fix}")
+    names = [*files, CARD_FILE, CARD_TEXT]
+    odd = [n for n in names if n in ("", ".", "..") or "/" in n or os.sep in n or (os.altsep and os.altsep in n)]
+    if odd:
+        raise ExportError(f"{option} {out}: {card_path} lists {odd[0]!r}, which no export writes; {fix}")
+    return list(dict.fromkeys(names))
 
 
 # ------------------------------------------------------------------------ the checkpoint
@@ -238,18 +285,19 @@ def export(
     adapter_config: Mapping[str, Any] | None = None,
     checkpoint: str | None = None,
     pruning: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    option: str = "--out",
 ) -> Path:
     """Write ``module``'s trained weights (and ``ema``'s, an EMA state with ``shadows``) to
     ``out`` with the card; returns ``out``. ``metrics`` holds ``reward`` and ``held_out_reward``;
-    ``pruning`` the run's ``PruningSchedule`` options (``None``: it pruned nothing)."""
-    out = check_out(out)
+    ``pruning`` the run's ``PruningSchedule`` options (``None``: it pruned nothing); ``overwrite``
+    replaces an earlier export there (only what it wrote); ``option`` names ``out`` in messages."""
+    out = check_out(out, overwrite=overwrite, option=option)
     staging = out.parent / f".{out.name}.export-tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
+    remove_written_tree(staging, root=out.parent)  # an export killed before it moved its folder
     try:
-        return _write(
+        _write(
             module,
-            out,
             staging,
             merged=merged,
             ema=ema,
@@ -259,18 +307,52 @@ def export(
             checkpoint=checkpoint,
             pruning=pruning,
         )
+        _move_into_place(staging, out, option)
+        return out
     except OSError as err:
         from ..common.errors import explain_os_error
 
-        raise ExportError(f"--out {out}: cannot write the export: {explain_os_error(err)}") from err
+        raise ExportError(f"{option} {out}: cannot write the export: {explain_os_error(err)}") from err
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        remove_written_tree(staging, root=out.parent)
+
+
+def _move_into_place(staging: Path, out: Path, option: str) -> None:
+    """``staging`` (the new export) becomes ``out``: in one rename when ``out`` is new or empty;
+    else the earlier export's own files are removed and the new ones moved in beside what else is
+    there (said in one line)."""
+    if not out.is_dir() or not any(out.iterdir()):
+        replace_with_written(staging, out)
+        return
+    earlier = earlier_export(out, option)
+    new = sorted(p.name for p in staging.iterdir())
+    kept = sorted(p.name for p in out.iterdir() if p.name not in earlier)
+    clash = [name for name in new if name in kept]
+    if clash:
+        raise ExportError(
+            f"{option} {out}: holds {clash[0]!r}, which the earlier export did not write and this one would; "
+            "move it away, or give another folder"
+        )
+    try:
+        for name in earlier:
+            entry = out / name
+            if entry.is_dir() and not entry.is_symlink():
+                remove_written_tree(entry, root=out)
+            else:
+                remove_written(entry, root=out, names=(name,))
+    except NotWrittenHere as err:
+        raise ExportError(f"{option} {out}: {err}") from None
+    for name in new:
+        move_written(staging / name, out / name)
+    remove_empty_folder(staging)
+    if kept:
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(f"{option} {out}: replaced the earlier export; kept {', '.join(kept)}, which no export wrote")
 
 
 def _write(
     module: Any,
-    out: Path,
     staging: Path,
     *,
     merged: bool,
@@ -280,7 +362,7 @@ def _write(
     adapter_config: Mapping[str, Any] | None,
     checkpoint: str | None,
     pruning: Mapping[str, Any] | None,
-) -> Path:
+) -> None:
     adapter = module.adapter
     lora = adapter.lora is not None and not merged
     files = write_weights(adapter, staging, merged=merged)
@@ -305,11 +387,7 @@ def _write(
         "load": how_to_load(adapter, lora, base),
     }
     (staging / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n")
-    (staging / "README.md").write_text(_card_text(card))
-    if out.exists():
-        shutil.rmtree(out)  # empty, or an earlier export (check_out)
-    staging.rename(out)
-    return out
+    (staging / CARD_TEXT).write_text(_card_text(card))
 
 
 def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]:

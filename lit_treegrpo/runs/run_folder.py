@@ -2,9 +2,12 @@
 
 - :func:`check_new_run`: a fit without ``--ckpt_path`` into a folder that already holds
   ``checkpoints/last.ckpt`` is refused. Lightning would otherwise write ``last-v1.ckpt`` beside the
-  old ``last.ckpt``, and a later ``--ckpt_path last`` would resume the *older* run.
-  ``--overwrite true`` starts over there instead, deleting the old run's outputs
-  (:func:`clear_run`).
+  old ``last.ckpt``, and a later ``--ckpt_path last`` would resume the *older* run. So is one into
+  a folder holding an earlier fit's outputs without a checkpoint (a fit stopped before it saved):
+  its sample grids would be written over. ``--overwrite true`` starts over there instead, deleting
+  the old run's outputs (:func:`clear_run`): only the files a fit writes (:data:`RUN_OUTPUT_NAMES`),
+  through :mod:`lit_treegrpo.common.files`, never through a link (a sub-folder that is a symbolic
+  link is refused before anything loads); files of other names stay, and are named.
 - :class:`RunLock`: one live fit per folder. ``<root>/.fit.lock`` holds the writer's PID under an
   advisory ``flock``, which the kernel drops when the process dies however it dies, so the lock
   of a killed fit is taken over by the next one; where the filesystem has no ``flock`` the PID
@@ -27,7 +30,6 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,10 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
+
+from ..common.files import NotWrittenHere, check_no_link, clear_written, remove_empty_folder, remove_written
 
 try:
     import fcntl
@@ -48,6 +53,14 @@ LOCK_NAME = ".fit.lock"
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; elsewhere RunLock._open checks for a link first
 #: the outputs of a fit that ``--overwrite true`` deletes before a new run starts in the folder
 RUN_OUTPUTS = ("checkpoints", "tensorboard", "samples")
+#: the names a fit writes in each of :data:`RUN_OUTPUTS` (sub-folders included): only these are
+#: deleted; checkpoints (Lightning's ``*.ckpt`` and the atomic writer's ``.last.ckpt.<pid>.tmp``),
+#: TensorBoard's event files, hyper-parameters and the config records, the sample grids and trees
+RUN_OUTPUT_NAMES = {
+    "checkpoints": ("*.ckpt", ".*.tmp"),
+    "tensorboard": ("events.out.tfevents.*", "config.yaml", "config-*.yaml", "hparams.yaml"),
+    "samples": ("step_*.png", "step_*.gif", "tree_*.png"),
+}
 
 
 class RunFolderError(Exception):
@@ -55,30 +68,71 @@ class RunFolderError(Exception):
 
 
 def check_new_run(root: Path, ckpt_path: str | None, overwrite: bool) -> None:
-    """Refuse a fit that would start a second run on top of the one already in ``root``."""
+    """Refuse a fit that would start a second run on top of the one already in ``root``, or write
+    over an earlier fit's outputs; with ``overwrite``, one whose run sub-folder is a link."""
     if overwrite and ckpt_path is not None:
         # --ckpt_path last is inside what --overwrite deletes; any other resumes a run, not a new one
         raise RunFolderError(
             f"--overwrite true starts a new run, --ckpt_path {ckpt_path} resumes one; give only one of them"
         )
-    last = root / "checkpoints" / "last.ckpt"
-    if ckpt_path is not None or overwrite or not last.exists():
+    if overwrite:
+        for name in RUN_OUTPUTS:
+            try:
+                check_no_link(root / name, root)
+            except NotWrittenHere as err:
+                raise RunFolderError(f"--overwrite true: {err}") from None
         return
-    raise RunFolderError(
-        f"--trainer.default_root_dir: {root} already holds a run ({last}); resume it with "
-        "--ckpt_path last, train into another --trainer.default_root_dir, or pass --overwrite true "
-        f"to delete its {', '.join(f'{name}/' for name in RUN_OUTPUTS)} and start over"
-    )
+    if ckpt_path is not None:
+        return
+    outputs = ", ".join(f"{name}/" for name in RUN_OUTPUTS)
+    last = root / "checkpoints" / "last.ckpt"
+    if last.exists():
+        raise RunFolderError(
+            f"--trainer.default_root_dir: {root} already holds a run ({last}); resume it with "
+            "--ckpt_path last, train into another --trainer.default_root_dir, or pass --overwrite true "
+            f"to delete its {outputs} and start over"
+        )
+    written = earlier_outputs(root)
+    if written:
+        raise RunFolderError(
+            f"--trainer.default_root_dir: {root} holds an earlier fit's outputs ({written[0]}"
+            f"{f' and {len(written) - 1} more' if len(written) > 1 else ''}) but no checkpoint to resume, and a "
+            "new fit would write over them; train into another --trainer.default_root_dir, or pass "
+            f"--overwrite true to delete the files a fit writes in its {outputs} and start over"
+        )
 
 
-def clear_run(root: Path) -> None:
-    """Delete the outputs of an earlier fit in ``root`` (``--overwrite true``)."""
+def earlier_outputs(root: Path) -> list[Path]:
+    """The files of ``root`` that a new fit would write over: checkpoints, sample grids and trees
+    (:data:`RUN_OUTPUT_NAMES`; TensorBoard's event files and the config records are new files for
+    every command, so a ``validate`` before the first fit leaves nothing in the way)."""
+    found: list[Path] = []
+    for name in ("checkpoints", "samples"):
+        patterns, folder = RUN_OUTPUT_NAMES[name], root / name
+        if folder.is_dir():
+            found += sorted(
+                p for p in folder.rglob("*") if p.is_file() and any(p.match(pattern) for pattern in patterns)
+            )
+    return found
+
+
+def clear_run(root: Path) -> list[Path]:
+    """Delete the outputs of an earlier fit in ``root`` (``--overwrite true``): the files a fit
+    writes in its run sub-folders, then the folders left empty; returns the files kept (other
+    names, links), which a fit did not write."""
+    kept: list[Path] = []
     for name in RUN_OUTPUTS:
-        path = root / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+        try:
+            kept += clear_written(root / name, root=root, names=RUN_OUTPUT_NAMES[name])
+        except NotWrittenHere as err:  # a link made since the check before the model loaded
+            raise RunFolderError(f"--overwrite true: {err}") from None
+    if kept:
+        shown = ", ".join(str(p) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
+        rank_zero_info(
+            f"--overwrite true: deleted the earlier run's outputs in {root}; kept {len(kept)} file(s) a fit "
+            f"does not write: {shown}"
+        )
+    return kept
 
 
 def launch_rank() -> int:
@@ -215,16 +269,16 @@ class RunLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        self.path.unlink(missing_ok=True)  # before closing: nobody may lock this file once we let go
+        remove_written(
+            self.path, root=self.root, names=(LOCK_NAME,)
+        )  # before closing: nobody may lock it once we let go
         os.close(self._fd)
         self._fd = None
         self._remove_created()
 
     def _remove_created(self) -> None:
         for folder in self._created:
-            try:
-                folder.rmdir()  # only if still empty
-            except OSError:
+            if not remove_empty_folder(folder):  # only if still empty
                 break
         self._created = []
 
@@ -360,8 +414,10 @@ __all__ = [
     "RunTensorBoardLogger",
     "event_folder",
     "run_name",
+    "RUN_OUTPUT_NAMES",
     "check_new_run",
     "clear_run",
+    "earlier_outputs",
     "launch_rank",
     "write_new_record",
 ]

@@ -10,7 +10,7 @@ Imports run one way (a test checks it):
 
 This package's ``__init__`` imports nothing, so that importing the world never pulls in the top.
 
-May import: the world, torch only; :mod:`.pretrain` also :mod:`lit_treegrpo.core`, the Shapes model
-and reward, and Lightning (pre-training has its own small LightningCLI); never the package's
+May import: the world, torch only; :mod:`.pretrain` also :mod:`lit_treegrpo.core`,
+:mod:`lit_treegrpo.common` (its YAML checks), the Shapes model and reward, and Lightning (pre-training has its own small LightningCLI); never the package's
 Lightning layer (training, data, runs, cli).
 """

@@ -23,6 +23,7 @@ import math
 import platform
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
@@ -369,7 +370,10 @@ class PretrainCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         from jsonargparse import set_parsing_settings
 
+        from ..common.config_yaml import use_checked_yaml
+
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        use_checked_yaml()  # no duplicate key, aliases bounded (docs/failure_modes.md, rules 2 and 4)
         super().__init__(
             ShapesPretrainModule,
             ShapesDataModule,
@@ -378,6 +382,17 @@ class PretrainCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"prog": "python -m lit_treegrpo.shapes.pretrain", "default_env": False},
         )
+
+    def before_instantiate_classes(self) -> None:
+        # the model folder is written at the end: an earlier one there is never written over
+        export_dir = self.config[self.subcommand]["model"].get("export_dir") if self.subcommand == "fit" else None
+        if export_dir is not None and not str(export_dir).strip():
+            raise ValueError("--model.export_dir: empty; give a folder, or null to write no model")
+        if export_dir is not None and Path(export_dir).exists() and any(Path(export_dir).iterdir()):
+            raise ValueError(
+                f"--model.export_dir {export_dir}: holds files (an earlier pre-training's model?); give a new or "
+                "empty folder, or null to write no model"
+            )
 
     def before_fit(self) -> None:
         model, data = self.model, self.datamodule

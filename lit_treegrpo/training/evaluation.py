@@ -18,8 +18,10 @@ import zlib
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from ..common.files import fresh_folder
 from ..core.rollout import rollout
 from ..core.samples import ScoredSamples
 from ..core.seeding import generator
@@ -85,7 +87,20 @@ class Evaluation:
     def test_step(self, batch: PromptBatch, batch_idx: int) -> ScoredSamples:
         return self._evaluate(batch, "test")
 
+    def on_predict_start(self) -> None:
+        """Take this predict's own folder: ``predictions``, or ``predictions-2``, ``-3``, ... when an
+        earlier one is there, so that no image of another predict is written over (created by global
+        rank 0, the name shared with every rank)."""
+        super().on_predict_start()
+        root = Path(self.trainer.default_root_dir)
+        folder = str(fresh_folder(root, "predictions")) if self.trainer.is_global_zero else None
+        self._predictions = Path(self.trainer.strategy.broadcast(folder))
+        if self.trainer.is_global_zero:
+            rank_zero_info(f"predict: writing the images to {self._predictions}")
+
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[str]:
-        """Write one PNG per prompt under ``<default_root_dir>/predictions``; returns the paths."""
-        folder = Path(self.trainer.default_root_dir) / "predictions"
-        return save_predictions(self.sample(batch.prompts, self.val_seed), batch.prompts, folder, batch.index)
+        """Write one PNG per prompt into this predict's folder (:meth:`on_predict_start`); returns
+        the paths."""
+        return save_predictions(
+            self.sample(batch.prompts, self.val_seed), batch.prompts, self._predictions, batch.index
+        )

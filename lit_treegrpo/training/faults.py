@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..common.errors import first_line
 from ..core.choices import check_choice
+from ..rewards.scores import RewardOutputError
 
 NonFinite = Literal["error", "skip"]
 
@@ -129,6 +130,8 @@ class FaultLedger:
             return Scored(*score(images, prompts), None)
         try:
             return Scored(*score(images, prompts), None)
+        except RewardOutputError:
+            raise  # the reward's own bug, the same at every step: never skipped
         except Exception as err:  # a reward model may fail in any way (a remote API, a CUDA error)
             cause = f"the reward raised {type(err).__name__}: {first_line(err)}"
             warnings.warn(

@@ -1,5 +1,5 @@
 """What ``predict`` writes: one PNG per prompt (an animated GIF for a video), named after the batch,
-the position and the prompt."""
+the position and the prompt, in a folder of its own (``predictions``, ``predictions-2``, ...)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def save_predictions(
     images: Tensor, prompts: Sequence[str], folder: Path, batch_index: int, fps: int = 16
 ) -> list[str]:
     """Write ``images`` [P, 3, H, W] in [0, 1] as ``<folder>/<batch>_<i>_<prompt slug>.png``, or
-    videos [P, F, 3, H, W] as looping GIFs at ``fps`` (``.gif``); returns the paths."""
+    videos [P, F, 3, H, W] as looping GIFs at ``fps`` (``.gif``); returns the paths. ``folder`` is
+    this predict's own (:func:`~lit_treegrpo.common.files.fresh_folder`): nothing there is written
+    over."""
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)

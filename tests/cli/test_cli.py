@@ -380,12 +380,18 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(
         path = tmp_path / "notes.ckpt"
         path.write_text("step 100: reward 0.41\n")
         given, option = str(path), "--ckpt_path"
+    from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
+
+    # planted beside it, a hostile file named like a checkpoint: advice never points at it
+    hostile = hostile_checkpoint(path.parent / "epoch=0-step=9.ckpt", tmp_path / "marker", ShellMarker)
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--ckpt_path", given,
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(f"error: {option}: {path} is truncated or corrupt ("), line
     assert (
-        f"delete it and resume from an earlier checkpoint in {path.parent}, or start over without --ckpt_path" in line
+        f"delete it and resume from an earlier checkpoint (none in {path.parent} reads as intact), or start over "
+        "without --ckpt_path" in line
     )
+    assert str(hostile) not in line and not (tmp_path / "marker").exists()
 
 
 class Opaque:
@@ -405,11 +411,21 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
         bad = tmp_path / "broken.yaml"
         bad.write_text("model:\n  tree: [\n")
         return ["--config", str(bad)], f"--config {bad}: not valid YAML: "  # then PyYAML's words (C or Python parser)
-    if kind == "checkpoint folder":
+    if kind == "checkpoint folder":  # advice names only a file that reads as a checkpoint: not the empty last.ckpt
         (tmp_path / "old" / "checkpoints").mkdir(parents=True)
         (tmp_path / "old" / "checkpoints" / "last.ckpt").write_bytes(b"")
+        good = tmp_path / "old" / "checkpoints" / "step=2.ckpt"
+        torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6"}, good)
         return ["--ckpt_path", str(tmp_path / "old")], (
-            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {tmp_path / 'old' / 'checkpoints' / 'last.ckpt'}, or last"
+            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {good}, or last"
+        )
+    if kind == "folder of hostile files":
+        from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
+
+        (tmp_path / "old").mkdir()
+        hostile_checkpoint(tmp_path / "old" / "last.ckpt", tmp_path / "marker", ShellMarker)
+        return ["--ckpt_path", str(tmp_path / "old")], (
+            f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file, or last  (set"
         )
     path = tmp_path / "other.ckpt"
     if kind == "torch file, no Lightning checkpoint":
@@ -432,6 +448,7 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
         "root dir below a file",
         "YAML syntax",
         "checkpoint folder",
+        "folder of hostile files",
         "torch file, no Lightning checkpoint",
         "unpickling refused",
     ],
@@ -491,14 +508,22 @@ def test_environment_errors_are_one_line_with_status_2(
     assert line.replace(str(tmp_path), "ROOT").startswith(message), line
 
 
-def test_predict_into_a_file_where_its_folder_goes_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
-    (tmp_path / "predictions").write_text("not a folder")
-    line = _main_error(
-        monkeypatch, capsys, "predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
-    )
-    assert line.startswith(
-        f"error: {tmp_path / 'predictions'}: File exists (EEXIST); something is already there; move it"
-    ), line
+def test_each_predict_writes_a_folder_of_its_own_and_nothing_there_is_written_over(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lit_treegrpo.cli import main
+
+    (tmp_path / "predictions").write_text("a file of the user's where the first predict would go")
+    args = ["predict", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)]
+    main(args)
+    first = {p.name: p.read_bytes() for p in (tmp_path / "predictions-2").iterdir()}
+    assert len(first) == 2 and all(name.endswith(".png") for name in first)
+    main([*args, "--model.val_seed", "7"])  # another seed: other images, in the next folder
+    second = {p.name: p.read_bytes() for p in (tmp_path / "predictions-3").iterdir()}
+    assert second.keys() == first.keys() and second != first
+    assert {p.name: p.read_bytes() for p in (tmp_path / "predictions-2").iterdir()} == first  # nothing replaced
+    assert (tmp_path / "predictions").read_text().startswith("a file of the user's")
+    assert Image.open(next((tmp_path / "predictions-3").iterdir())).size == (32, 32)
 
 
 def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:

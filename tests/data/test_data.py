@@ -15,6 +15,7 @@ import torch
 from lightning import LightningModule, Trainer
 from torch.utils.data import DataLoader
 
+from lit_treegrpo.data import prompt_sets
 from lit_treegrpo.data.datamodule import PromptDataModule, resolve_batch_size
 from lit_treegrpo.data.prompt_sets import PromptSet, available_prompt_sets, load_prompts
 from lit_treegrpo.data.prompt_stream import PromptBatch, PromptStream, collate, eval_batches, prompt_permutation
@@ -133,15 +134,77 @@ def test_bad_prompt_files_name_the_option_and_the_fix(tmp_path: Path, name: str,
 def test_a_prompt_file_that_cannot_be_read_names_the_option_the_file_and_the_fix(tmp_path: Path, monkeypatch) -> None:
     path = Path(write(tmp_path / "p.txt", "a cat\n"))
 
-    def unreadable(self: Path) -> bytes:  # as for a file without read permission (tests run as root here)
-        raise PermissionError(13, "Permission denied", str(self))
+    def unreadable(
+        path: Path, limit: int, what: str
+    ) -> bytes:  # as for a file without read permission (tests run as root here)
+        raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    monkeypatch.setattr(prompt_sets, "read_limited", unreadable)
     with pytest.raises(ValueError) as raised:
         PromptDataModule(str(path))
     assert str(raised.value) == (
         f"--data.prompts: cannot read {path}: {path}: Permission denied (EACCES); check its permissions, or choose another path"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("nul.txt", b"a cat\na d\x00og\n", "nul.txt line 2: the prompt 'a d.x00og' holds the control character U\\+0000 at character 4"),
+        ("esc.txt", b"a \x1b[31mred\x1b[0m cat\n", "line 1: the prompt .* holds the control character U\\+001B"),
+        ("del.csv", b"prompt\na cat\x7f\n", "del.csv line 2: the prompt .* holds the control character U\\+007F"),
+        ("surrogate.jsonl", b'{"prompt": "a cat"}\n{"prompt": "a \\ud800 dog"}\n', "line 2: the prompt .* holds the lone surrogate U\\+D800"),
+        ("bell.jsonl", b'{"prompt": "ring\\u0007"}\n', "line 1: the prompt .* holds the control character U\\+0007"),
+        ("long.csv", b"prompt\n" + b"x" * 200_000 + b"\n", "long.csv line 2 cannot be read as CSV \\(field larger than field limit"),
+    ],
+)  # fmt: skip
+def test_prompts_must_be_printable_text_named_by_file_and_line(tmp_path: Path, name: str, data: bytes, message: str):
+    path = write(tmp_path / name, data)
+    with pytest.raises(ValueError, match=r"^--data\.prompts: .*" + message):
+        PromptDataModule(path)
+
+
+def test_printable_prompts_with_tabs_line_breaks_and_emoji_load(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.jsonl", '{"prompt": "a cat\\tsitting\\non a mat 🐈\u200d⬛"}\n{"prompt": "a dog"}\n')
+    assert load_prompts(path).prompts == ["a cat\tsitting\non a mat 🐈\u200d⬛", "a dog"]
+
+
+def test_a_prompt_without_line_breaks_is_cut_by_characters_before_anything_tokenises_it(tmp_path: Path) -> None:
+    from lit_treegrpo.common.text import MAX_PROMPT_CHARS, PromptCutWarning
+
+    path = write(tmp_path / "p.txt", "a cat " + "very " * 600_000 + "\na dog\n")  # one 3 MB line
+    started = time.perf_counter()
+    with pytest.warns(PromptCutWarning) as caught:
+        prompts = load_prompts(path).prompts
+    assert time.perf_counter() - started < 10
+    assert [len(p) for p in prompts] == [MAX_PROMPT_CHARS, len("a dog")] and prompts[0].startswith("a cat very")
+    assert len(caught) == 1  # said once for the file
+    assert str(caught[0].message).startswith(
+        f"--data.prompts: {path}: 1 of 2 prompts are longer than 10,000 characters"
+    )
+
+
+def test_a_prompt_file_over_the_size_bound_is_refused_naming_it(tmp_path: Path, monkeypatch) -> None:
+    path = write(tmp_path / "p.txt", "a cat\n" * 100)
+    monkeypatch.setattr(prompt_sets, "MAX_PROMPT_FILE_BYTES", 100)
+    with pytest.raises(
+        ValueError, match=rf"^--data\.prompts: {path} is larger than 100 bytes, the most this project reads"
+    ):
+        PromptDataModule(path)
+
+
+def test_the_callbacks_prompts_are_checked_and_cut_where_they_enter() -> None:
+    from lit_treegrpo.callbacks import SampleGridLogger, TreeView
+    from lit_treegrpo.common.text import MAX_PROMPT_CHARS, PromptCutWarning
+
+    with pytest.raises(ValueError, match=r"^SampleGridLogger.prompts\[1\]: the prompt 'a\\x00b' holds the control"):
+        SampleGridLogger(prompts=["a cat", "a\x00b"])
+    with pytest.raises(ValueError, match=r"^SampleGridLogger.prompts\[0\]: a prompt must be text, got int"):
+        SampleGridLogger(prompts=[3])
+    with pytest.raises(ValueError, match=r"^TreeView.prompt: the prompt .* holds the control character U\+001B"):
+        TreeView(prompt="\x1b[2J")
+    with pytest.warns(PromptCutWarning, match="^SampleGridLogger.prompts: 1 of 1 prompts are longer"):
+        assert len(SampleGridLogger(prompts=["x" * 20_000]).prompts[0]) == MAX_PROMPT_CHARS
 
 
 def test_missing_file_lists_builtin_sets(tmp_path: Path) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 
 import pytest
 import torch
 
+from lit_treegrpo.common.env import env_flag
 from lit_treegrpo.rewards.base import (
     CLIP_MEAN,
     CLIP_STD,
@@ -28,7 +28,7 @@ from lit_treegrpo.rewards.base import (
 
 pytestmark = pytest.mark.extra
 
-REQUIRED = os.environ.get("LIT_TREEGRPO_EXTRA") == "1"
+REQUIRED = env_flag("LIT_TREEGRPO_EXTRA")  # the one rule for flags (docs/failure_modes.md, rule 4)
 PROMPTS = ["a photo of a cat", "a red dog", "a photo of a cat"]
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
+from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,7 +128,11 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_p
 def _corrupt(tmp_path: Path, kind: str) -> Path:
     folder = tmp_path / "checkpoints"
     folder.mkdir(parents=True)
-    torch.save(_state(1), folder / "epoch=0-step=2.ckpt")  # an earlier checkpoint to point at
+    # an earlier checkpoint to point at, and two that advice must never name: a hostile pickle and a
+    # truncated file
+    torch.save({"state_dict": _state(1), "pytorch-lightning_version": "2.6.6"}, folder / "epoch=0-step=2.ckpt")
+    hostile_checkpoint(folder / "epoch=0-step=1.ckpt", tmp_path / "marker", ShellMarker)
+    (folder / "epoch=0-step=3.ckpt").write_bytes((folder / "epoch=0-step=2.ckpt").read_bytes()[:300])
     path = folder / "last.ckpt"
     if kind == "truncated":
         torch.save(_state(2, size=10_000), path)
@@ -160,11 +165,26 @@ def test_a_corrupt_checkpoint_is_reported_with_the_file_and_the_fix(tmp_path: Pa
     message = str(err.value)
     assert message.startswith(f"--ckpt_path: {path} is truncated or corrupt (")
     assert problem in message
+    # only the file that reads as a checkpoint is suggested, never the hostile or the truncated one
     assert message.endswith(
-        f"); delete it and resume from an earlier checkpoint in {path.parent} (epoch=0-step=2.ckpt), "
+        f"); delete it and resume from an earlier checkpoint that reads as intact ({path.parent / 'epoch=0-step=2.ckpt'}), "
         "or start over without --ckpt_path"
     )
-    assert "\n" not in message
+    assert "step=1" not in message and "step=3" not in message and "\n" not in message
+    assert not (tmp_path / "marker").exists()  # nothing of the hostile file ran
+
+
+def test_advice_names_no_checkpoint_when_none_reads_as_intact(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    hostile_checkpoint(folder / "other.ckpt", tmp_path / "marker", ShellMarker)
+    torch.save({"w": torch.zeros(2)}, folder / "plain.ckpt")  # a torch file, but no Lightning checkpoint
+    (folder / "last.ckpt").write_bytes(b"garbage" * 10)
+    with pytest.raises(CorruptCheckpointError) as err:
+        check_checkpoint(folder / "last.ckpt")
+    assert f"resume from an earlier checkpoint (none in {folder} reads as intact)" in str(err.value)
+    assert "other.ckpt" not in str(err.value) and "plain.ckpt" not in str(err.value)
+    assert not (tmp_path / "marker").exists()
 
 
 def test_the_plugin_refuses_to_load_a_corrupt_file(tmp_path: Path) -> None:

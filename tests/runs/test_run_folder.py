@@ -53,18 +53,82 @@ def test_a_fit_refused_on_a_bad_option_writes_nothing_into_the_run(
     assert snapshot(tmp_path) == before
 
 
-def test_overwrite_starts_a_new_run_in_place_of_the_old_one(tmp_path: Path) -> None:
+def test_overwrite_starts_a_new_run_in_place_of_the_old_one(tmp_path: Path, caplog) -> None:
     from lit_treegrpo.cli import main
 
     _old_run(tmp_path)
     (tmp_path / "predictions").mkdir()  # not a fit's output: kept
+    # files a fit does not write, in its own sub-folders: kept too, and named
+    (tmp_path / "checkpoints" / "notes.txt").write_text("mine")
+    (tmp_path / "samples" / "holiday.png").write_bytes(b"mine")
+    caplog.set_level("INFO")
     main(["fit", "--config", str(TINY), *QUIET, "--overwrite", "true", "--trainer.max_steps", "1",
           "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]  # no last-v1.ckpt beside it
+    # no last-v1.ckpt beside it
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt", "notes.txt"]
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
     assert "overwrite: true" in (tmp_path / "tensorboard" / "config.yaml").read_text()
     assert (tmp_path / "samples" / "step_000000.png").read_bytes() != b"png"
     assert (tmp_path / "predictions").is_dir() and not (tmp_path / LOCK_NAME).exists()
+    assert (tmp_path / "checkpoints" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "samples" / "holiday.png").read_bytes() == b"mine"
+    assert (
+        f"--overwrite true: deleted the earlier run's outputs in {tmp_path}; kept 2 file(s) a fit does not write"
+        in (caplog.text)
+    )
+
+
+def test_overwrite_refuses_a_run_sub_folder_that_is_a_link_before_any_model_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
+    root, target = tmp_path / "run", tmp_path / "big_disk"
+    _old_run(root)
+    (root / "checkpoints").rename(target)
+    (root / "checkpoints").symlink_to(target)
+    before, kept = snapshot(root), snapshot(target)
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--overwrite", "true",
+                       "--trainer.default_root_dir", str(root))  # fmt: skip
+    assert line.startswith(
+        f"error: --overwrite true: {root / 'checkpoints'} is a symbolic link (to {target}); this project removes only "
+        "what it wrote in its own folders, never through a link"
+    ), line
+    assert snapshot(root) == before and snapshot(target) == kept and (root / "checkpoints").is_symlink()
+
+
+def test_a_new_fit_over_an_earlier_fits_outputs_without_a_checkpoint_is_refused(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "step_000000.png").write_bytes(b"an earlier fit's grid")
+    (tmp_path / "samples" / "holiday.png").write_bytes(b"the user's")
+    before = snapshot(tmp_path)
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
+    )
+    assert line.startswith(
+        f"error: --trainer.default_root_dir: {tmp_path} holds an earlier fit's outputs "
+        f"({tmp_path / 'samples' / 'step_000000.png'}) but no checkpoint to resume, and a new fit would write over "
+        "them; train into another --trainer.default_root_dir, or pass --overwrite true"
+    ), line
+    assert snapshot(tmp_path) == before
+    (tmp_path / "samples" / "step_000000.png").unlink()
+    run_folder.check_new_run(tmp_path, None, False)  # a folder of the user's own files only: nothing to write over
+
+
+@pytest.mark.parametrize("command", ["fit", "validate", "predict", "export"])
+@pytest.mark.parametrize("root", ["", "  "])
+def test_an_empty_root_dir_is_refused_and_nothing_is_written_anywhere(
+    tmp_path: Path, capsys, monkeypatch, no_model, command: str, root: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # '' was the working directory: checkpoints in ./runs, grids in ./samples
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "step_000000.png").write_bytes(b"the user's")
+    before = snapshot(tmp_path)
+    extra = ["--out", str(tmp_path / "export")] if command == "export" else []
+    line = _main_error(monkeypatch, capsys, command, "--config", str(TINY), *QUIET, *extra,
+                       "--trainer.default_root_dir", root)  # fmt: skip
+    assert line.startswith("error: --trainer.default_root_dir: empty; give the run's folder"), line
+    assert snapshot(tmp_path) == before
 
 
 def test_overwrite_with_a_checkpoint_to_resume_is_refused(tmp_path: Path, capsys, monkeypatch, no_model) -> None:

@@ -73,3 +73,14 @@ def test_pretraining_is_reproducible_from_its_seed_and_exports_a_loadable_model(
 def test_mismatched_image_sizes_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--data.image_size=8 but --model.model.image_size=16"):
         main(pretrain_args(tmp_path, "--data.image_size", "8"))
+
+
+def test_an_earlier_model_folder_is_never_written_over_and_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "shapes_world.json").write_text("an earlier pre-training's model")
+    with pytest.raises(ValueError, match=r"^--model.export_dir .*model: holds files .*give a new or empty folder"):
+        main(pretrain_args(tmp_path))
+    assert (tmp_path / "model" / "shapes_world.json").read_text() == "an earlier pre-training's model"
+    (tmp_path / "twice.yaml").write_text("trainer:\n  max_steps: 3\n  max_steps: 5\n")
+    with pytest.raises(ValueError, match=r"the key 'max_steps' is given twice in one mapping, at lines 2 and 3"):
+        main([*pretrain_args(tmp_path / "b"), "--config", str(tmp_path / "twice.yaml")])
