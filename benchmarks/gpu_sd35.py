@@ -1,12 +1,15 @@
 """Per-iteration cost of TreeGRPO vs flat GRPO on an SD3.5-Medium-shaped transformer, on a GPU.
 
-No download: the transformer is diffusers' ``SD3Transformer2DModel`` built from SD3.5 Medium's
-published configuration (24 MMDiT blocks of width 1536, dual attention in blocks 0-12, RMS QK-norm,
-2.5B parameters) with random weights, in bf16. Text encoders are left out: each prompt gets fixed
-random embeddings of the real shapes (333 tokens x 4096, pooled 2048), since the denoiser is what
-a GRPO iteration spends its time on. Rewards are random (every method pays the reward model
-equally per leaf). CFG doubles every forward (guidance 4.5), 512 px images (64x64x16 latents),
-a rank-32 LoRA trains (configs/sd35.yaml) with gradient checkpointing.
+No download: the transformer is diffusers' ``SD3Transformer2DModel`` built on the GPU from SD3.5
+Medium's published configuration (``lit_treegrpo.models.published.SD35_MEDIUM``: 24 MMDiT blocks of
+width 1536, dual attention in blocks 0-12, RMS QK-norm; 2,243,171,520 parameters plus a
+226,492,416-value position-embedding buffer) with random weights, in bf16. Text encoders are left
+out: each prompt gets fixed random embeddings of the shapes configs/sd35.yaml trains with (CLIP's 77
+tokens and the 128 T5 tokens of SD3Adapter's ``max_sequence_length``: 205 x 4096, pooled 2048),
+since the denoiser is what a GRPO iteration spends its time on. Rewards are random (every method
+pays the reward model equally per leaf). CFG doubles every forward (guidance 4.5), 512 px images
+(64x64x16 latents), a rank-32 LoRA trains (configs/sd35.yaml's, without the last block's unused text
+query) with gradient checkpointing.
 
 One *iteration* = rollout (no grad) + recomputing the trained edges' log-probs with grad in
 micro-batches + backward + one optimizer step. Methods (per prompt):
@@ -19,7 +22,8 @@ micro-batches + backward + one optimizer step. Methods (per prompt):
 Prints absolute seconds per iteration (rollout, reward, training, total), the peak accelerator
 memory of each method and ratios to dancegrpo_g12 and to the matched dancegrpo_g27; ``--json``
 writes them. ``--tiny --device cpu`` runs the same code path on a tiny transformer (what the test
-suite does).
+suite does). ``--max-seconds`` bounds the run: no method or timed iteration starts after that many
+seconds (the rows so far are reported, the rest named as skipped).
 
 Switches (the project's own options, so a run shows what each is worth on the GPU):
 
@@ -32,17 +36,20 @@ Switches (the project's own options, so a run shows what each is worth on the GP
 - ``--no-fused-adamw``: AdamW's default implementation instead of the fused one the module picks on
   CUDA.
 
-One H200 (141 GB), all four methods, 2 timed iterations each: the script is sized to finish within
-10 minutes (not yet run: no GPU has been lent to this project so far).
+On a GPU machine without network access (docs/benchmarks.md, "The GPU benchmark on a machine
+without a registry"): carry the wheels ``benchmarks/gpu_wheels.sh`` downloads, then run
+``bash benchmarks/gpu_machine.sh`` (installs them with ``--no-index``, prints the versions, runs
+this script with ``--max-seconds 360``). Not yet run on a GPU: none has been lent to this project.
 
     python benchmarks/gpu_sd35.py [--prompts 1] [--repeats 2] [--resolution 512] [--precision bf16]
-        [--compile] [--prompt-cache] [--json results.json]
+        [--compile] [--prompt-cache] [--max-seconds S] [--json results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import statistics
@@ -64,25 +71,11 @@ from lit_treegrpo.core import (
 from lit_treegrpo.models.base import Cond
 from lit_treegrpo.models.flow import FlowMatchingAdapter
 from lit_treegrpo.models.lora import SD3_LORA_TARGETS, LoraSettings
-from lit_treegrpo.models.sd3 import sd3_transformer_forward
+from lit_treegrpo.models.published import SD35_MEDIUM
+from lit_treegrpo.models.sd3 import SD3Adapter, sd3_transformer_forward, sd3_unused_modules
 from lit_treegrpo.training.accelerator import fused_on_cuda
 from lit_treegrpo.training.prompt_cache import PromptCache, PromptCacheSettings
 
-SD35_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium, transformer/config.json
-    sample_size=128,
-    patch_size=2,
-    in_channels=16,
-    out_channels=16,
-    num_layers=24,
-    attention_head_dim=64,
-    num_attention_heads=24,
-    joint_attention_dim=4096,
-    caption_projection_dim=1536,
-    pooled_projection_dim=2048,
-    pos_embed_max_size=384,
-    qk_norm="rms_norm",
-    dual_attention_layers=tuple(range(13)),
-)
 TINY = dict(
     sample_size=16,
     patch_size=2,
@@ -98,7 +91,19 @@ TINY = dict(
     qk_norm="rms_norm",
     dual_attention_layers=(0,),
 )
-TEXT_TOKENS = 77 + 256  # CLIP + T5 tokens of the SD3 pipeline
+SD35_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sd35.yaml"
+
+
+def sd35_text_tokens() -> int:
+    """Text tokens per prompt as configs/sd35.yaml trains: CLIP's 77 plus T5's ``max_sequence_length``
+    (the config's, else SD3Adapter's default)."""
+    import yaml
+
+    args = yaml.safe_load(SD35_CONFIG.read_text())["model"]["adapter"]["init_args"]
+    return 77 + args.get("max_sequence_length", inspect.signature(SD3Adapter).parameters["max_sequence_length"].default)
+
+
+TEXT_TOKENS = sd35_text_tokens()  # 77 + 128 = 205
 
 
 class RandomSD3Adapter(FlowMatchingAdapter):
@@ -120,6 +125,7 @@ class RandomSD3Adapter(FlowMatchingAdapter):
         gradient_checkpointing: bool = True,
         text_tokens: int = TEXT_TOKENS,
         compile: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
@@ -134,11 +140,15 @@ class RandomSD3Adapter(FlowMatchingAdapter):
         )
         self._init_flow(noise_level, dynamics)
         torch.manual_seed(0)
-        self.denoiser = SD3Transformer2DModel(**config).to(dtype)
+        with torch.device(device):  # initialised where it runs: a CPU initialises 2.2B weights for minutes
+            self.denoiser = SD3Transformer2DModel(**config).to(dtype)
         self.text_tokens = text_tokens
         self.latent_side = resolution // 8
         self._set_schedule(FlowMatchEulerDiscreteScheduler(shift=3.0))
         self._setup_training(SD3_LORA_TARGETS)
+
+    def unused_modules(self, model: torch.nn.Module) -> tuple[str, ...]:
+        return sd3_unused_modules(model)
 
     def _embed(self, text: str, device: torch.device) -> tuple[Tensor, Tensor]:
         gen = torch.Generator().manual_seed(zlib.crc32(text.encode()))
@@ -245,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--compile", action="store_true", help="torch.compile the denoiser (the adapters' compile option)")
     p.add_argument("--prompt-cache", action="store_true", help="the prompt-embedding cache in front of the embeddings")
     p.add_argument("--no-fused-adamw", action="store_true", help="AdamW's default implementation, not the fused one")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="start no method or timed iteration after this many seconds from the model's build")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="also write the results (and the switches) to this file")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -256,31 +268,48 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     config = TINY if args.tiny else SD35_MEDIUM
     resolution = config["sample_size"] * 8 if args.tiny else args.resolution
     adapter = RandomSD3Adapter(
-        config, dtype=dtype, resolution=resolution, lora_rank=4 if args.tiny else 32, compile=args.compile
+        config,
+        dtype=dtype,
+        resolution=resolution,
+        lora_rank=4 if args.tiny else 32,
+        compile=args.compile,
+        device=device,
     ).to(device)
+    started = time.perf_counter()
     optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
     if not args.no_fused_adamw:
         optimizer = fused_on_cuda(optimizer, device)
     cache = PromptCache(PromptCacheSettings(size=max(8, 2 * args.prompts))) if args.prompt_cache else None
     prompts = [f"prompt {i}" for i in range(args.prompts)]
-    params = sum(p.numel() for p in adapter.denoiser.parameters()) / 1e9
+    params = sum(p.numel() for n, p in adapter.denoiser.named_parameters() if "lora_" not in n)
+    buffered = sum(b.numel() for b in adapter.denoiser.buffers())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"\n## SD3.5-Medium-shaped transformer ({params:.2f}B parameters, {dtype}) on {name}: "
+        f"\n## SD3.5-Medium-shaped transformer ({params:,} parameters + a {buffered:,}-value position buffer, "
+        f"{dtype}; {TEXT_TOKENS} text tokens) on {name}: "
         f"{args.prompts} prompt(s), {resolution} px, CFG, LoRA r{adapter.lora.rank}; precision {precision}, "
         f"compile {args.compile}, prompt cache {args.prompt_cache}, fused AdamW {optimizer.defaults.get('fused')}\n"
     )
     run = dict(max_batch=args.max_batch, cache=cache, autocast=autocast)
     chosen = {k: v for k, v in specs().items() if args.methods is None or k in args.methods}
     results: dict[str, dict[str, float]] = {}
+    skipped: list[str] = []
+
+    def in_time() -> bool:
+        return args.max_seconds is None or time.perf_counter() - started < args.max_seconds
+
     for method, (spec, fraction) in chosen.items():
+        if not in_time():
+            skipped.append(method)
+            continue
         iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=0, **run)  # warm-up
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        runs = [
-            iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, **run)
-            for r in range(args.repeats)
-        ]
+        runs = []
+        for r in range(args.repeats):
+            if runs and not in_time():
+                break
+            runs.append(iteration(adapter, spec, fraction, prompts, optimizer, args.train_batch, seed=r + 1, **run))
         roll, reward, train = (statistics.median(r[i] for r in runs) for i in range(3))
         results[method] = {
             "rollout_s": roll,
@@ -291,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             "nfe": runs[0][3],
             "train_forwards": runs[0][4],
             "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+            "timed_iterations": len(runs),
         }
         print(f"{method}: {results[method]['total_s']:.2f} s / iteration", flush=True)
     print(
@@ -307,10 +337,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             f"{r['reward_s']:.3f} | {r['train_s']:.2f} | {r['total_s']:.2f} | {r['peak_gib']:.1f} | "
             f"{ratios[0]} | {ratios[1]} |"
         )
+    if skipped:
+        print(f"\nskipped (past --max-seconds {args.max_seconds:g}): {', '.join(skipped)}")
     if args.json is not None:
         switches = {"precision": precision, "compile": args.compile, "prompt_cache": args.prompt_cache,
-                    "fused_adamw": bool(optimizer.defaults.get("fused")), "device": name, "torch": torch.__version__}  # fmt: skip
-        args.json.write_text(json.dumps({"switches": switches, "methods": results}, indent=2) + "\n")
+                    "fused_adamw": bool(optimizer.defaults.get("fused")), "device": name, "torch": torch.__version__,
+                    "parameters": params, "position_buffer": buffered, "text_tokens": TEXT_TOKENS}  # fmt: skip
+        report = {"switches": switches, "methods": results, "skipped": skipped}
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return results
 
 

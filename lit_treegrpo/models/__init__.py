@@ -6,6 +6,7 @@
 - :class:`FluxAdapter`: FLUX.1-dev / -schnell transformer + rectified-flow SDE (BranchGRPO's, DanceGRPO's policy).
 - :class:`QwenImageAdapter`: Qwen-Image MMDiT + rectified-flow SDE, true CFG with masked text of any length.
 - :mod:`.tiny`: seeded tiny variants built from configs (no downloads) for tests and smoke runs.
+- :mod:`.published`: the real targets' published architectures as config dicts (meta-device counts, real-width checks).
 - :mod:`.lora`: peft LoRA attach / export in the diffusers format.
 - :mod:`.shapes`: :class:`~lit_treegrpo.models.shapes.ShapesAdapter`, the shipped Shapes model.
 

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from ..common.hub import local_or_hub_id, require_hub
 from ..core.loss import check_kl_reference
 from ..core.steps import StepOutput
-from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict
+from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict, unused_submodules
+from .precision import LOW, fsdp_policy, to_master_weights, warn_low_precision_weights
 from .text import TruncationWarner
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first
@@ -149,6 +150,10 @@ class DiffusionAdapter(nn.Module, ABC):
         decode_batch_size: images per VAE decode call.
         compile: ``torch.compile`` the denoiser in place (``nn.Module.compile``: parameter names,
             LoRA saving and checkpoints are unchanged), once its LoRA is attached.
+        master_weights: full fine-tuning (``lora`` None) of a bfloat16 / float16 denoiser keeps its
+            weights in float32 and computes in the low dtype under autocast (FSDP2: a mixed-precision
+            policy over float32 shards); False trains the low-precision weights themselves, where an
+            AdamW step of lr 1e-5 rounds away most updates (warned).
     """
 
     #: the one module that trains (LoRA or fully); the memory probe and the export read it too
@@ -182,6 +187,7 @@ class DiffusionAdapter(nn.Module, ABC):
         gradient_checkpointing: bool,
         decode_batch_size: int,
         compile: bool = False,
+        master_weights: bool = True,
     ) -> None:
         super().__init__()
         if decode_batch_size < 1:
@@ -201,6 +207,8 @@ class DiffusionAdapter(nn.Module, ABC):
         self.compile_denoiser = compile
         """The denoiser runs compiled (``torch.compile``; the sharding refuses it with FSDP2)."""
         self.truncation = TruncationWarner()  # prompts over a text encoder's limit: warned once
+        self.master_weights = master_weights
+        self._compute_dtype: torch.dtype | None = None  # set when float32 master weights compute in a lower dtype
 
     # ------------------------------------------------------------------------ set-up helpers
     def denoisers(self) -> dict[str, nn.Module]:
@@ -213,21 +221,42 @@ class DiffusionAdapter(nn.Module, ABC):
         some stay frozen (Wan2.2 A14B's ``train_experts``)."""
         return self.denoisers()
 
-    def _setup_training(self, default_lora_targets: tuple[str, ...], lora_exclude: tuple[str, ...] = ()) -> None:
-        """Freeze everything, then make the trained denoisers (or their LoRA, not on ``lora_exclude``)
-        trainable."""
+    def unused_modules(self, model: nn.Module) -> tuple[str, ...]:
+        """Modules of a denoiser whose output never reaches its prediction (SD3's and Qwen-Image's last
+        block drops the text stream): they get no LoRA and, fully fine-tuned, stay frozen, since
+        their gradient is zero forever. None by default."""
+        return ()
+
+    def _setup_training(self, default_lora_targets: tuple[str, ...]) -> None:
+        """Freeze everything, then make the trained denoisers (or their LoRA) trainable, except the
+        :meth:`unused_modules`; full fine-tuning in bf16 / fp16 gets float32 master weights."""
         self.requires_grad_(False)
+        low = self.denoiser.dtype if self.denoiser.dtype in LOW else None
         for model in self.trained_denoisers().values():
+            unused = unused_submodules(model, self.unused_modules(model))
             if self.lora is not None:
-                attach_lora(model, self.lora, default_lora_targets, lora_exclude)
-            else:
-                model.requires_grad_(True)
+                attach_lora(model, self.lora, default_lora_targets, unused)
+                continue
+            for name, p in model.named_parameters():
+                p.requires_grad_(name.rpartition(".")[0] not in unused)
+            if low is not None and self.master_weights:
+                to_master_weights(model)
+                self._compute_dtype = low
+        if low is not None and self.lora is None and not self.master_weights:
+            warn_low_precision_weights(low)
         for model in self.denoisers().values():
             if self.gradient_checkpointing:
                 model.enable_gradient_checkpointing()
             if self.compile_denoiser:
                 model.compile()
         self.train(False)
+
+    def compute_context(self) -> contextlib.AbstractContextManager:
+        """Where the denoiser runs: autocast to the compute dtype over float32 master weights, else
+        nothing (the weights' own dtype)."""
+        if self._compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._compute_dtype)
 
     def train(self, mode: bool = True) -> DiffusionAdapter:
         """Always evaluation mode: dropout in the policy would make the log-prob recomputed for
@@ -253,8 +282,9 @@ class DiffusionAdapter(nn.Module, ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Dtype of the latents (the denoiser's weights; LoRA weights may be float32)."""
-        return self.denoiser.dtype
+        """Dtype of the latents and of the denoiser's computation: its weights' (LoRA weights may be
+        float32), or the compute dtype over float32 master weights."""
+        return self._compute_dtype or self.denoiser.dtype
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters the optimizer should see (LoRA only, or the whole denoiser)."""
@@ -284,19 +314,22 @@ class DiffusionAdapter(nn.Module, ABC):
                 "the compiled module); use compile false with ModelParallelStrategy"
             )
 
+        policy = fsdp_policy(self._compute_dtype)  # float32 masters: gathered in the compute dtype
         for model in self.denoisers().values():
             for blocks in self.shard_blocks:
                 for block in getattr(model, blocks, []):
-                    fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                    fully_shard(block, mesh=mesh, **policy)
+            fully_shard(model, mesh=mesh, **policy)
 
     def _guided(self, x: Tensor, t: Tensor, cond: Cond, *, scale: float | None = None, **denoise: Any) -> Tensor:
         """One batched forward of [uncond; cond] (CFG) or cond alone, combined as the pipelines do.
         ``scale``: the CFG weight (``None``: :attr:`cfg_scale`); ``denoise``: passed on to
         :meth:`_denoise` (Wan2.2 A14B's ``expert``)."""
         if not self.do_cfg:
-            return self._denoise(x, t, cond, negative=False, **denoise)
-        both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True, **denoise)  # [2B, *S]
+            with self.compute_context():
+                return self._denoise(x, t, cond, negative=False, **denoise)
+        with self.compute_context():
+            both = self._denoise(torch.cat([x, x]), torch.cat([t, t]), cond, negative=True, **denoise)  # [2B, *S]
         uncond, text = both.chunk(2)  # [B, *S] each
         return self._combine_guidance(uncond, text, self.cfg_scale if scale is None else scale)
 

@@ -113,3 +113,11 @@ def lora_metadata(model: nn.Module) -> dict:
         # adds none where the file has no weights (the excluded ones; peft warns of either mismatch)
         config["target_modules"] = sorted(name for name, m in model.named_modules() if hasattr(m, "lora_A"))
     return config
+
+
+def unused_submodules(model: nn.Module, prefixes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The names of ``model``'s modules that are, or sit inside, one of ``prefixes`` (what an
+    adapter's ``unused_modules`` names): the LoRA targets to exclude."""
+    if not prefixes:
+        return ()
+    return tuple(n for n, _ in model.named_modules() if any(n == p or n.startswith(p + ".") for p in prefixes))

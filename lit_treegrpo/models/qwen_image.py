@@ -47,16 +47,14 @@ def pad_sequence(x: Tensor, length: int) -> Tensor:
 
 
 def unused_text_outputs(transformer: Any) -> tuple[str, ...]:
-    """The last block's text-stream output layers (``attn.to_add_out``, ``txt_mlp``): the model's
-    output is read from the image stream only, so after the last joint attention the text stream
-    goes nowhere, and a LoRA there would never get a gradient."""
+    """The last block's text-stream layers whose output goes nowhere: the model's output is read
+    from the image stream only, so the text tokens' attention output (``attn.add_q_proj`` and its
+    QK-norm ``attn.norm_added_q``, ``attn.to_add_out``) and the text MLP (``txt_mlp``) after the last
+    joint attention never get a gradient. (The text keys and values do: the image attends to them.)"""
     last = len(transformer.transformer_blocks) - 1
-    block = transformer.transformer_blocks[last]
-    return tuple(
-        f"transformer_blocks.{last}.{name}"
-        for name, module in block.named_modules()
-        if isinstance(module, torch.nn.Linear) and name.startswith(("attn.to_add_out", "txt_mlp"))
-    )
+    present = dict(transformer.transformer_blocks[last].named_modules())
+    names = ("attn.add_q_proj", "attn.norm_added_q", "attn.to_add_out", "txt_mlp")
+    return tuple(f"transformer_blocks.{last}.{name}" for name in names if name in present)
 
 
 class QwenImageAdapter(FlowMatchingAdapter):
@@ -82,6 +80,9 @@ class QwenImageAdapter(FlowMatchingAdapter):
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
         compile: ``torch.compile`` the denoiser (in place); not with FSDP2.
+        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
+            weights and computes in ``torch_dtype`` under autocast (default); false trains the
+            low-precision weights themselves, which lose most small updates (warned).
     """
 
     lora_layers_arg = "transformer"
@@ -106,6 +107,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 4,
         compile: bool = False,
+        master_weights: bool = True,
     ) -> None:
         if true_cfg_scale < 0:  # checked here: the base class would name guidance_scale
             raise ValueError(f"true_cfg_scale must be >= 0, got {true_cfg_scale}")
@@ -117,6 +119,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
             compile=compile,
+            master_weights=master_weights,
         )
         from diffusers import QwenImagePipeline
 
@@ -145,7 +148,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
         self.latent_channels = self.denoiser.config.in_channels // 4  # [C] before packing
         self._grid = (1, height // multiple, width // multiple)  # (frames, h/2, w/2) of the packed tokens
         self._set_token_schedule(pipe.scheduler, self._grid[1] * self._grid[2])
-        self._setup_training(QWEN_IMAGE_LORA_TARGETS, unused_text_outputs(self.denoiser))
+        self._setup_training(QWEN_IMAGE_LORA_TARGETS)
 
     @staticmethod
     def _load(path: str, dtype: torch.dtype, revision: str | None, variant: str | None):
@@ -169,6 +172,9 @@ class QwenImageAdapter(FlowMatchingAdapter):
             tokenizer=tokenizer,
             transformer=load_component(QwenImageTransformer2DModel, path, "transformer", **weights),
         )
+
+    def unused_modules(self, model: torch.nn.Module) -> tuple[str, ...]:
+        return unused_text_outputs(model)
 
     # ------------------------------------------------------------------------ guidance
     def _combine_guidance(self, uncond: Tensor, text: Tensor, scale: float) -> Tensor:

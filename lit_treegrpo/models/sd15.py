@@ -44,6 +44,9 @@ class SD15Adapter(DiffusionAdapter):
         decode_batch_size: images per VAE decode call.
         compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
             their names); the first iteration pays the compilation. Not with FSDP2.
+        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
+            weights and computes in ``torch_dtype`` under autocast (default); false trains the
+            low-precision weights themselves, which lose most small updates (warned).
         channels_last: keep the UNet's convolutions in channels-last memory format (faster
             convolutions on recent GPUs; the same numbers up to float rounding).
     """
@@ -66,6 +69,7 @@ class SD15Adapter(DiffusionAdapter):
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 8,
         compile: bool = False,
+        master_weights: bool = True,
         channels_last: bool = False,
     ) -> None:
         super().__init__(
@@ -76,6 +80,7 @@ class SD15Adapter(DiffusionAdapter):
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
             compile=compile,
+            master_weights=master_weights,
         )
         from diffusers import DDIMScheduler, StableDiffusionPipeline
 

@@ -44,6 +44,9 @@ class SD3Adapter(FlowMatchingAdapter):
         decode_batch_size: images per VAE decode call.
         compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
             their names); the first iteration pays the compilation. Not with FSDP2.
+        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
+            weights and computes in ``torch_dtype`` under autocast (default); false trains the
+            low-precision weights themselves, which lose most small updates (warned).
     """
 
     lora_layers_arg = "transformer"
@@ -67,6 +70,7 @@ class SD3Adapter(FlowMatchingAdapter):
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 8,
         compile: bool = False,
+        master_weights: bool = True,
     ) -> None:
         super().__init__(
             num_steps=num_steps,
@@ -76,6 +80,7 @@ class SD3Adapter(FlowMatchingAdapter):
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
             compile=compile,
+            master_weights=master_weights,
         )
         from diffusers import StableDiffusion3Pipeline
 
@@ -104,6 +109,9 @@ class SD3Adapter(FlowMatchingAdapter):
             raise ValueError(f"resolution must be a multiple of {multiple}, got {self.resolution}")
         self._setup_schedule()
         self._setup_training(SD3_LORA_TARGETS)
+
+    def unused_modules(self, model: torch.nn.Module) -> tuple[str, ...]:
+        return sd3_unused_modules(model)
 
     @staticmethod
     def _load(path: str, dtype: torch.dtype, revision: str | None, variant: str | None, use_t5: bool):
@@ -186,6 +194,19 @@ class SD3Adapter(FlowMatchingAdapter):
     def decode(self, latents: Tensor) -> Tensor:
         config = self.vae.config
         return self._decode_with(self.vae, latents / config.scaling_factor + config.shift_factor)
+
+
+def sd3_unused_modules(transformer: torch.nn.Module) -> tuple[str, ...]:
+    """The last block's text-query projection and its QK-norm: that block keeps the image stream
+    only (``context_pre_only``), so the text tokens' attention output is dropped and these never get
+    a gradient. (Its text keys and values do: the image attends to them.)"""
+    last = len(transformer.transformer_blocks) - 1
+    attn = transformer.transformer_blocks[last].attn
+    return tuple(
+        f"transformer_blocks.{last}.attn.{name}"
+        for name in ("add_q_proj", "norm_added_q")
+        if getattr(attn, name, None) is not None
+    )
 
 
 def sd3_transformer_forward(

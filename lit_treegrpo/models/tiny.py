@@ -184,8 +184,12 @@ def tiny_sd15_pipeline(seed: int = 0, folder: str | Path | None = None, predicti
     )
 
 
-def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: bool = True):
-    """A seeded SD3-shaped ``StableDiffusion3Pipeline`` (two CLIPs, optional tiny T5, 32 px)."""
+def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: bool = True, sd35: bool = True):
+    """A seeded SD3-shaped ``StableDiffusion3Pipeline`` (two CLIPs, optional tiny T5, 32 px).
+
+    ``sd35``: SD3.5-Medium's block options, RMS QK-norm and dual attention (an image-only second
+    attention) in the first of the two blocks, as the real model has in blocks 0-12 of 24; False:
+    SD3-Medium's blocks, without either."""
     import tempfile
 
     import torch
@@ -206,6 +210,7 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
         joint_attention_dim=32,
         pooled_projection_dim=64,
         pos_embed_max_size=16,
+        **(dict(qk_norm="rms_norm", dual_attention_layers=(0,)) if sd35 else {}),
     )
     torch.manual_seed(seed + 1)
     vae = _tiny_vae(4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
@@ -232,7 +237,7 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
 
 def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell: bool = False):
     """A seeded FLUX.1-shaped ``FluxPipeline`` (CLIP pooled + tiny T5, 1 double- and 1 single-stream
-    block, 32 px). FLUX.1-dev's shape by default: a guidance embedding and the scheduler's dynamic
+    block, 32 px; heads of 32 dims split by RoPE as FLUX.1's 128 are, 16:56:56). FLUX.1-dev's shape by default: a guidance embedding and the scheduler's dynamic
     shift; ``schnell``: neither, with a fixed shift of 1, as FLUX.1-schnell."""
     import tempfile
 
@@ -247,12 +252,12 @@ def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell:
         in_channels=16,  # 4 latent channels packed 2x2
         num_layers=1,
         num_single_layers=1,
-        attention_head_dim=16,
+        attention_head_dim=32,
         num_attention_heads=2,
         joint_attention_dim=32,  # T5's d_model
         pooled_projection_dim=32,  # CLIP's hidden size (its pooled output)
         guidance_embeds=not schnell,
-        axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
+        axes_dims_rope=(4, 14, 14),  # FLUX.1's (16, 56, 56) of 128 dims, at 32
     )
     torch.manual_seed(seed + 1)
     vae = _tiny_vae(4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611)
@@ -296,14 +301,15 @@ class TinySD15Adapter(SD15Adapter):
 
 class TinySD3Adapter(SD3Adapter):
     """:class:`SD3Adapter` over :func:`tiny_sd3_pipeline` (with its tiny T5 unless ``use_t5`` is
-    false). Every other option is SD3Adapter's."""
+    false; SD3.5's blocks unless ``sd35`` is false). Every other option is SD3Adapter's."""
 
-    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, seed: int = 0, *, sd35: bool = True, **kwargs: Any) -> None:
         with_t5 = kwargs.get("use_t5", True)
-        super().__init__(tiny_sd3_pipeline(seed, with_t5=with_t5), **kwargs)
+        super().__init__(tiny_sd3_pipeline(seed, with_t5=with_t5, sd35=sd35), **kwargs)
+        self.sd35 = sd35
         self.base_pipeline_code = (
             "from lit_treegrpo.models.tiny import tiny_sd3_pipeline",
-            f"tiny_sd3_pipeline(seed={seed}, with_t5={with_t5})",
+            f"tiny_sd3_pipeline(seed={seed}, with_t5={with_t5}, sd35={sd35})",
         )
 
 

@@ -2,10 +2,12 @@
 tests and the ``configs/tiny_qwen_image.yaml`` smoke run. ``save_pretrained`` of it writes a folder
 that exercises :class:`~lit_treegrpo.models.qwen_image.QwenImageAdapter`'s real loading path.
 
-Shapes: transformer 2 double-stream blocks x 3 heads x 16 dims over Qwen-Image's 16 latent channels
-(64 packed); Qwen2.5-VL 2 layers x 16 dims (its vision tower, unused for text, 2 layers); Qwen-Image's
-VAE at base width 4 with its 8x spatial compression; Qwen-Image's scheduler config (dynamic
-exponential shift). The tokenizer is written by code: Qwen's chat-template tokens and words are
+Shapes: transformer 2 double-stream blocks x 2 heads x 32 dims over Qwen-Image's 16 latent channels
+(64 packed), RoPE axes in Qwen-Image's proportions (16:56:56 of 128 dims: 4, 14, 14); Qwen2.5-VL 2
+layers of width 64, 4 query heads sharing 2 key-value heads (grouped-query attention, as the 7B's 28
+and 4) of 16 dims split by its multimodal RoPE as the 7B's 128 are (16:24:24: 2, 3, 3), its vision
+tower (unused for text) 2 layers; Qwen-Image's VAE at base width 4 with its 8x spatial compression;
+Qwen-Image's scheduler config (dynamic exponential shift). The tokenizer is written by code: Qwen's chat-template tokens and words are
 whole tokens, so the template's system prompt is 34 tokens as with the real tokenizer (the pipeline
 drops exactly 34); any other word is spelled character by character.
 """
@@ -83,10 +85,10 @@ def tiny_qwen_image_pipeline(seed: int = 0):
         in_channels=64,
         out_channels=16,
         num_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=3,
-        joint_attention_dim=16,
-        axes_dims_rope=(8, 4, 4),
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=64,  # the text encoder's width
+        axes_dims_rope=(4, 14, 14),
     )
     torch.manual_seed(seed + 1)
     vae = AutoencoderKLQwenImage(
@@ -100,13 +102,13 @@ def tiny_qwen_image_pipeline(seed: int = 0):
     )
     torch.manual_seed(seed + 2)
     text = dict(
-        hidden_size=16,
-        intermediate_size=16,
+        hidden_size=64,
+        intermediate_size=96,
         num_hidden_layers=2,
-        num_attention_heads=2,
+        num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=vocab,
-        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+        rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"},
         rope_theta=1e6,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -115,7 +117,7 @@ def tiny_qwen_image_pipeline(seed: int = 0):
     text_encoder = Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
             text_config=text,
-            vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
+            vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64),
             vocab_size=vocab,
             vision_start_token_id=vocab - 4,
             image_token_id=vocab - 3,

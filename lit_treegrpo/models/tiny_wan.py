@@ -83,7 +83,8 @@ def tiny_wan22_pipeline(seed: int = 0, kind: Wan22 = "a14b", shift: float = 5.0)
     """A seeded Wan2.2-shaped ``WanPipeline`` with a ``FlowMatchEulerDiscreteScheduler(shift)``.
 
     ``kind``: ``ti2v`` (TI2V-5B's shape: one transformer over the Wan2.2 VAE's 48 latent channels,
-    patchified by 2 and compressed 16x in space, one timestep per token) or ``a14b`` (T2V-A14B's
+    patchified by 2 and compressed 16x in space, one timestep per token; the VAE with the real one's
+    blocks, residual shortcuts and decoder wider than its encoder, at 1/32 of its widths) or ``a14b`` (T2V-A14B's
     shape: two experts on the Wan2.1 VAE, switching at ``boundary_ratio`` 0.875 as the real one).
     """
     import torch
@@ -97,8 +98,9 @@ def tiny_wan22_pipeline(seed: int = 0, kind: Wan22 = "a14b", shift: float = 5.0)
     if kind == "ti2v":
         transformer = _tiny_transformer(seed, 48)
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKLWan(
-            base_dim=3,
+        vae = AutoencoderKLWan(  # the Wan2.2 VAE's shape at 1/32 of its widths (base 160, decoder 256)
+            base_dim=5,
+            decoder_base_dim=8,
             z_dim=48,
             in_channels=12,
             out_channels=12,
@@ -106,8 +108,8 @@ def tiny_wan22_pipeline(seed: int = 0, kind: Wan22 = "a14b", shift: float = 5.0)
             patch_size=2,
             latents_mean=[0.0] * 48,
             latents_std=[1.0] * 48,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
+            dim_mult=[1, 2, 4, 4],
+            num_res_blocks=2,
             scale_factor_spatial=16,
             scale_factor_temporal=4,
             temperal_downsample=[False, True, True],

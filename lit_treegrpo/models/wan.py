@@ -115,6 +115,9 @@ class WanAdapter(FlowMatchingAdapter):
         decode_batch_size: videos per VAE decode call.
         compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
             their names); the first iteration pays the compilation. Not with FSDP2.
+        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
+            weights and computes in ``torch_dtype`` under autocast (default); false trains the
+            low-precision weights themselves, which lose most small updates (warned).
     """
 
     lora_layers_arg = "transformer"
@@ -144,6 +147,7 @@ class WanAdapter(FlowMatchingAdapter):
         gradient_checkpointing: bool = False,
         decode_batch_size: int = 1,
         compile: bool = False,
+        master_weights: bool = True,
     ) -> None:
         super().__init__(
             num_steps=num_steps,
@@ -153,6 +157,7 @@ class WanAdapter(FlowMatchingAdapter):
             gradient_checkpointing=gradient_checkpointing,
             decode_batch_size=decode_batch_size,
             compile=compile,
+            master_weights=master_weights,
         )
         from diffusers import WanPipeline
 

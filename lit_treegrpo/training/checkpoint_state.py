@@ -7,11 +7,13 @@ fingerprint of what shaped the weights (:func:`~lit_treegrpo.training.resume.fin
 fault counters, the counted compute and the settings a resume may change. A resumed fit is refused
 when the fingerprint differs (:func:`~lit_treegrpo.training.resume.check_resumable`); the restored
 optimizer and scheduler get this run's options back, and what changed is said in one line
-(:mod:`lit_treegrpo.training.resume`).
+(:mod:`lit_treegrpo.training.resume`). Tensors an earlier version trained that could never get a
+gradient (:func:`drop_never_trained`) are left out of a checkpoint as it loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -19,6 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..core.compute import Compute
+from ..models.lora import unused_submodules
 from .resume import (
     ADAPTER_MEMORY_OPTIONS,
     apply_optimizer_options,
@@ -73,6 +76,16 @@ class CheckpointState:
 
     def _trainable_names(self) -> list[str]:
         return [n for n, p in self.named_parameters() if p.requires_grad]
+
+    def _never_trained(self, name: str) -> bool:
+        """Whether ``name`` is a weight of a module the adapter leaves untrained because its output is
+        never used (:meth:`~lit_treegrpo.models.base.DiffusionAdapter.unused_modules`)."""
+        where = {id(m): n for n, m in self.named_modules()}
+        for model in self.adapter.trained_denoisers().values():
+            for module in unused_submodules(model, self.adapter.unused_modules(model)):
+                if name.startswith(f"{where[id(model)]}.{module}."):
+                    return True
+        return False
 
     def _fingerprint(self) -> dict[str, Any]:
         """What a resumed fit must share with the run that wrote the checkpoint (resume.FIELDS)."""
@@ -137,6 +150,12 @@ class CheckpointState:
         fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
         path = self._trainer.ckpt_path if self._trainer is not None else None
         where = f"the checkpoint {path}" if path else "the checkpoint"
+        dropped = drop_never_trained(checkpoint, self._never_trained, self._trainable_names())
+        if dropped:
+            rank_zero_info(
+                f"{where} holds {len(dropped)} tensors of layers whose output the model never uses (e.g. "
+                f"{dropped[0]}), which could get no gradient and are no longer trained; left out"
+            )
         # what shaped the weights is compared for a resumed fit only: validate / test / predict /
         # export may evaluate them with another reward. (A sharded strategy loads the weights
         # itself and hands over no "state_dict".)
@@ -157,3 +176,37 @@ class CheckpointState:
         # a checkpoint from before compute was counted starts the count at its iteration from 0
         self.compute_spent = Compute(**saved.get("compute", {}))
         self._sync_data_stream()  # sharded strategies restore after on_fit_start
+
+
+def drop_never_trained(
+    checkpoint: dict[str, Any], never_trained: Callable[[str], bool], mine: Iterable[str]
+) -> list[str]:
+    """Drop from a checkpoint the trainable tensors this run does not train because they could never
+    get a gradient (``never_trained``: the LoRA of a layer whose output the model never uses, which
+    earlier versions attached), with their optimizer state, so that the checkpoint resumes; the
+    model's output does not depend on them. Returns the names dropped: none where their optimizer
+    slots cannot be told (one parameter group in the weights' order, the weights in the checkpoint)."""
+    saved = (checkpoint.get("lit_treegrpo") or {}).get("fingerprint") or {}
+    weights = checkpoint.get("state_dict")
+    if weights is None or "trainable" not in saved:
+        return []
+    mine = set(mine)
+    dropped = [name for name in saved["trainable"] if name not in mine and never_trained(name)]
+    order = [name for name in weights if name in set(saved["trainable"])]  # the optimizer's order: the module's
+    optimizers = checkpoint.get("optimizer_states") or []
+    if not dropped or sorted(order) != sorted(saved["trainable"]):
+        return []
+    if any(len(o["param_groups"]) != 1 or len(o["param_groups"][0]["params"]) != len(order) for o in optimizers):
+        return []
+    slots = [order.index(name) for name in dropped]
+    for optimizer in optimizers:
+        group = optimizer["param_groups"][0]
+        ids = {group["params"][slot] for slot in slots}
+        group["params"] = [i for i in group["params"] if i not in ids]
+        for i in ids:
+            optimizer["state"].pop(i, None)
+    for name in dropped:
+        del weights[name]
+        saved.get("shapes", {}).pop(name, None)
+    saved["trainable"] = [name for name in saved["trainable"] if name not in dropped]
+    return dropped

@@ -27,8 +27,10 @@ import torch
 
 from ..core.spec import TreeSpec
 
-#: how every refusal ends: the two ways to start over instead of resuming
+#: how every refusal of a resumed fit ends: the two ways to start over instead of resuming
 NEW_RUN = "start a new run (--overwrite true or another --trainer.default_root_dir)"
+#: the fix for validate / test / predict / export, which load the weights into the configured model
+OTHER_RUN = "give the --model.adapter and LoRA settings the run was trained with (its --config), or another --ckpt_path"
 
 #: adapter options that bound memory or speed only (what the model computes does not change, up to
 #: float rounding for the last two): a resume may change them, as ``--model.rollout``
@@ -83,12 +85,11 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def refusal(option: str, where: str, saved: Any, mine: Any) -> ValueError:
-    """The one-line refusal of a resume that changes ``option`` from ``saved`` to ``mine``."""
-    return ValueError(
-        f"{option}: {where} was trained with {show(saved)}, this run has {show(mine)}; resume with "
-        f"{show(saved)}, or {NEW_RUN}"
-    )
+def refusal(option: str, where: str, saved: Any, mine: Any, *, fitting: bool = True) -> ValueError:
+    """The one-line refusal of a resume (``fitting``; else of another command loading the
+    checkpoint) that changes ``option`` from ``saved`` to ``mine``, with that command's fix."""
+    fix = f"resume with {show(saved)}, or {NEW_RUN}" if fitting else f"give {option} {show(saved)} as the run did"
+    return ValueError(f"{option}: {where} was trained with {show(saved)}, this run has {show(mine)}; {fix}")
 
 
 def reward_record(reward: Any) -> Any:
@@ -204,38 +205,37 @@ def check_resumable(
     before any model loads has no trainable tensors yet. ``state_dict``: the checkpoint's weights,
     whose names and shapes are compared with this run's (None: a sharded strategy loads them
     itself, and the recorded shapes are compared)."""
-    for key, option, by_field, always in FIELDS:
-        _compare(saved, mine, key, option, by_field, (always or fitting), where)
+    for row in FIELDS:
+        _compare(saved, mine, row, where, fitting)
     if "trainable" in mine:
-        _check_trainable(saved, mine, state_dict, where)
+        _check_trainable(saved, mine, state_dict, where, fitting)
     if "tree" in mine:
         found = _difference(_saved_tree(saved["tree"], mine["tree"]), mine["tree"], "--model.tree", True)
         if found is not None:
-            raise refusal(found[0], where, *found[1:])
-    for key, option, by_field, always in LATER_FIELDS:
-        _compare(saved, mine, key, option, by_field, (always or fitting), where)
+            raise refusal(found[0], where, *found[1:], fitting=fitting)
+    for row in LATER_FIELDS:
+        _compare(saved, mine, row, where, fitting)
     if state_dict is not None and "trainable" in mine:
         missing = set(mine["trainable"]) - set(state_dict)
         if missing:
             raise ValueError(f"{where} lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
 
 
-def _compare(
-    saved: Mapping[str, Any], mine: Mapping[str, Any], key: str, option: str, by_field: bool, check: bool, where: str
-) -> None:
-    if not check or key not in saved or key not in mine:
+def _compare(saved: Mapping[str, Any], mine: Mapping[str, Any], row: tuple, where: str, fitting: bool) -> None:
+    key, option, by_field, always = row  # of FIELDS
+    if not (always or fitting) or key not in saved or key not in mine:
         return
     found = _difference(saved[key], mine[key], option, by_field)
     if found is not None:
-        raise refusal(found[0], where, *found[1:])
+        raise refusal(found[0], where, *found[1:], fitting=fitting)
 
 
 def _check_trainable(
-    saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Mapping[str, Any] | None, where: str
+    saved: Mapping[str, Any], mine: Mapping[str, Any], state_dict: Any, where: str, fitting: bool
 ) -> None:
     """The same trainable tensors, by name and shape, before ``load_state_dict`` would fail on
     them with a traceback (a LoRA of another rank: a size mismatch)."""
-    fix = f"resume with the adapter and LoRA settings it was trained with, or {NEW_RUN}"
+    fix = f"resume with the adapter and LoRA settings it was trained with, or {NEW_RUN}" if fitting else OTHER_RUN
     if saved["trainable"] != mine["trainable"]:
         only_saved = sorted(set(saved["trainable"]) - set(mine["trainable"]))
         only_mine = sorted(set(mine["trainable"]) - set(saved["trainable"]))
@@ -252,7 +252,7 @@ def _check_trainable(
         if name in theirs and list(theirs[name]) != list(shape):
             rank = _lora_rank(name, theirs[name]), _lora_rank(name, shape)
             if None not in rank:
-                raise refusal("--model.adapter.init_args.lora.rank", where, *rank)
+                raise refusal("--model.adapter.init_args.lora.rank", where, *rank, fitting=fitting)
             raise ValueError(
                 f"--model.adapter: the trainable tensor {name} has shape {show(theirs[name])} in {where} and "
                 f"{show(shape)} in this run; {fix}"

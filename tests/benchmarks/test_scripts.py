@@ -12,6 +12,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import gpu_sd35  # noqa: E402
+import real_width  # noqa: E402
 import step_noise  # noqa: E402
 import training_memory  # noqa: E402
 
@@ -43,6 +44,33 @@ def test_gpu_sd35_without_a_gpu_says_how_to_run_it(capsys) -> None:
     with pytest.raises(SystemExit):
         gpu_sd35.main([])
     assert "no GPU is visible" in capsys.readouterr().err
+
+
+def test_gpu_sd35_measures_the_model_and_text_length_configs_sd35_trains() -> None:
+    from lit_treegrpo.models.published import SD35_MEDIUM
+    from lit_treegrpo.models.tiny import TinySD3Adapter
+
+    # CLIP's 77 tokens and the 128 T5 tokens of SD3Adapter's default, which configs/sd35.yaml keeps
+    assert gpu_sd35.TEXT_TOKENS == 77 + 128
+    assert TinySD3Adapter(num_steps=1, guidance_scale=1.0).encode_prompts(["a"])["prompt_embeds"].shape[1] == 205
+    assert gpu_sd35.SD35_MEDIUM is SD35_MEDIUM  # the published config (tests/models/test_real_configs.py)
+
+
+def test_the_committed_real_width_run_covers_every_family_and_passed() -> None:
+    # benchmarks/results/real_width.md / .json: the last run of benchmarks/real_width.py (minutes per family)
+    report = json.loads((BENCH / "results" / "real_width.json").read_text())
+    rows = {r["family"]: r for r in report["rows"]}
+    assert sorted(rows) == sorted(real_width.FAMILIES)
+    for family, row in rows.items():
+        assert "error" not in row, family
+        bf16 = row["weights"] != "float32"
+        for it in row["iterations"]:
+            assert it["finite"] and it["logprob_deviation"] <= (1e-3 if bf16 else 1e-5), family
+        assert row["iterations"][1]["zero_grad_tensors"] == 0, family
+        if family.endswith("_full"):  # float32 masters: every weight with a gradient moved
+            first = row["iterations"][0]
+            assert first["lost_updates"] == 0 and first["changed_fraction_if_bf16_weights"] < 0.5
+    assert (BENCH / "results" / "real_width.md").read_text().count("\n| ") == len(rows) + 1  # header and one row each
 
 
 def test_step_noise_scores_one_stochastic_step_at_a_time_for_any_adapter(tmp_path: Path) -> None:

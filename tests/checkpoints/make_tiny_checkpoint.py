@@ -8,6 +8,7 @@ ledger and helpers moved out of module.py (commit bd85ae5), so that test pins th
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import sys
 import tempfile
@@ -52,8 +53,11 @@ class RedIsNaN(RewardModel):
 
 
 def model() -> TreeGRPOModule:
+    # the committed file was written on the tiny model's SD3 (not SD3.5) blocks, before they had the
+    # option: the blocks are chosen by it where it exists
+    sd3 = {"sd35": False} if "sd35" in inspect.signature(TinySD3Adapter).parameters else {}
     return TreeGRPOModule(
-        TinySD3Adapter(num_steps=3, guidance_scale=1.0),
+        TinySD3Adapter(num_steps=3, guidance_scale=1.0, **sd3),
         reward=RedIsNaN(),
         tree=TreeSpec(3, branch_steps=(0, 1), branching=2),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # no optimizer state: a small file

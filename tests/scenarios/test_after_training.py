@@ -205,7 +205,10 @@ def test_each_cards_snippet_loads_the_export_into_a_plain_pipeline_that_draws_th
         )
     for folder in ("lora", "merged"):
         card = json.loads((tmp_path / folder / "export.json").read_text())
-        assert "tiny_sd3_pipeline(seed=0, with_t5=True)" in card["load"] and "TinySD3Adapter(" not in card["load"]
+        assert (
+            "tiny_sd3_pipeline(seed=0, with_t5=True, sd35=True)" in card["load"]
+            and "TinySD3Adapter(" not in card["load"]
+        )
         assert card["load"] in (tmp_path / folder / "README.md").read_text()
         scope = {"DIR": str(tmp_path / folder)}
         with warnings.catch_warnings():
@@ -256,6 +259,48 @@ def test_bad_export_options_are_one_line(
     assert exit_info.value.code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert message in errors[0], errors[0]
     assert not (tmp_path / "out").exists() and (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+def test_an_export_over_an_earlier_one_needs_overwrite_and_keeps_the_users_files(
+    tiny_run: Path, tmp_path: Path, capsys, monkeypatch, caplog
+) -> None:
+    base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run), "--out", str(tmp_path / "exp")]
+    _main("export", *base)
+    (tmp_path / "exp" / "notes.txt").write_text("the user's notes")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()}
+    monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        _main("export", *base, "--merged", "true")
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert exit_info.value.code == 2 and len(errors) == 1, errors
+    assert "holds an earlier export (export.json); give a new or empty folder, or pass --overwrite true" in errors[0]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()} == before  # refused: nothing touched
+    caplog.set_level("INFO")
+    _main("export", *base, "--merged", "true", "--overwrite", "true")
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == [
+        "README.md",
+        "export.json",
+        "notes.txt",
+        "transformer",
+    ]
+    assert (tmp_path / "exp" / "notes.txt").read_text() == "the user's notes"
+    assert json.loads((tmp_path / "exp" / "export.json").read_text())["weights"] == "full denoiser (LoRA merged)"
+    assert "replaced the earlier export; kept notes.txt, which no export wrote" in caplog.text
+
+
+def test_export_with_another_adapter_says_to_give_the_runs_adapter_not_to_resume(
+    tiny_run: Path, tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
+    monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
+    with pytest.raises(SystemExit):
+        _main("export", "--config", str(TINY), "--trainer.default_root_dir", str(tiny_run), "--out", str(tmp_path / "x"),
+              "--model.adapter", "lit_treegrpo.models.tiny.TinySD15Adapter", "--model.adapter.init_args.num_steps", "4")  # fmt: skip
+    line = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")][0]
+    assert line.startswith(
+        f"error: --model.adapter: the checkpoint {tiny_run / 'checkpoints' / 'last.ckpt'} was trained with "
+        "TinySD3Adapter, this run has TinySD15Adapter; give --model.adapter TinySD3Adapter as the run did"
+    ), line
+    assert "resume" not in line and "--overwrite" not in line and not (tmp_path / "x").exists()
 
 
 def _val_reward(*args: str) -> float:

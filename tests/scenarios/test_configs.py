@@ -105,6 +105,8 @@ def test_every_run_config_is_covered() -> None:
         "dancegrpo",
         "flowgrpo",
         "mixgrpo",
+        "treegrpo_official",
+        "branchgrpo_official",
     }
 
 

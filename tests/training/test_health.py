@@ -56,7 +56,8 @@ def test_a_different_guidance_in_the_training_pass_is_warned_about_once(tmp_path
         UserWarning, match=r"iteration 0: before any update the importance ratios already differ"
     ) as caught:
         fit(_module(_RecomputesWithAnotherGuidance), 4, tmp_path, callbacks=[deviations])
-    assert all(d > 1e-3 for d in deviations.seen) and len(deviations.seen) == 2
+    # far above the float32 tolerance it warns above, 1e-5 (measured 1.3e-3 and 8.4e-4 on the tiny SD3.5)
+    assert all(d > 50 * 1e-5 for d in deviations.seen) and len(deviations.seen) == 2
     messages = [str(w.message) for w in caught if "importance ratios" in str(w.message)]
     assert len(messages) == 1 and "guidance scale (CFG)" in messages[0] and "tolerance 1e-05 for float32" in messages[0]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import lightning as L
@@ -615,9 +616,9 @@ def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
     assert model.iteration == 3
     saved["tree"]["branching"] = 3  # still another tree is refused, naming the option and the checkpoint's value
-    with pytest.raises(
+    with pytest.raises(  # loaded outside a fit (as export does): the fix is the run's value, not a resume
         ValueError,
-        match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; resume with 3, or start a new run",
+        match=r"^--model.tree.branching: the checkpoint was trained with 3, this run has 2; give --model.tree.branching 3 as the run did",
     ):
         module().on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
 
@@ -630,15 +631,42 @@ def _old_format_with_local_numbers(tmp_path: Path) -> tuple[dict, Path]:
     from tests.checkpoints import make_tiny_checkpoint as made
 
     old = torch.load(Path(made.__file__).with_name(made.NAME), map_location="cpu", weights_only=True)
-    first = made.model()
+    with _earlier_lora():
+        first = made.model()
     made.trainer(tmp_path / "first", made.STEPS, enable_checkpointing=False).fit(first, made.data())
     here = {n: p.detach().clone() for n, p in first.named_parameters() if p.requires_grad}
     assert sorted(old["state_dict"]) == sorted(here)  # the same trainable tensors, by name
     for name, value in old["state_dict"].items():
         torch.testing.assert_close(value, here[name], rtol=1e-2, atol=1e-4)
+    assert not here[NEVER_TRAINED[1]].any()  # the text query's LoRA got no gradient: B is still zero
     transplanted = tmp_path / "old_format_local_numbers.ckpt"
     torch.save({**old, "state_dict": here}, transplanted)
     return old, transplanted
+
+
+#: the LoRA of the last block's text query: that block drops the text stream, so it can get no
+#: gradient; the committed checkpoint's code attached it, this code does not (a resume leaves it out)
+NEVER_TRAINED = [f"adapter.denoiser.transformer_blocks.1.attn.add_q_proj.lora_{ab}.default.weight" for ab in "AB"]
+
+
+@contextlib.contextmanager
+def _earlier_lora():
+    """Adapters built inside attach SD3's LoRA as the committed checkpoint's code did, on the
+    never-trained text query too (and so draw the same random LoRA initialisations)."""
+    from lit_treegrpo.models.base import DiffusionAdapter
+    from lit_treegrpo.models.sd3 import SD3Adapter
+
+    current = SD3Adapter.unused_modules
+    SD3Adapter.unused_modules = DiffusionAdapter.unused_modules
+    try:
+        yield
+    finally:
+        SD3Adapter.unused_modules = current
+
+
+def _trained_now(model: TreeGRPOModule) -> list[torch.Tensor]:
+    """The trainable weights, less those this code no longer trains (a model built with the earlier LoRA)."""
+    return [p for n, p in model.named_parameters() if p.requires_grad and n not in NEVER_TRAINED]
 
 
 def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
@@ -649,15 +677,20 @@ def test_a_checkpoint_written_before_the_module_split_resumes(tmp_path) -> None:
     # the resume starts from the old file with this machine's numbers (_old_format_with_local_numbers).
     from tests.checkpoints import make_tiny_checkpoint as made
 
+    # The uninterrupted run attaches the old LoRA set too, so that its first 2 steps are the file's;
+    # the resumed one leaves the never-trained LoRA out, which changes nothing it computes.
     old, transplanted = _old_format_with_local_numbers(tmp_path)
-    full, resumed, log = made.model(), made.model(), _ParameterLog()
+    with _earlier_lora():
+        full = made.model()
+    resumed, log = made.model(), _ParameterLog()
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
     made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False, callbacks=[log]).fit(
         resumed, made.data(), ckpt_path=transplanted
     )
     assert resumed.iteration == full.iteration == 4 and len(log.after) == 2  # steps 2 and 3 ran, resumed
     assert resumed.fault_counts == full.fault_counts and full.fault_counts["skipped_groups"] >= 1
-    assert _same(list(resumed.adapter.trainable_parameters()), list(full.adapter.trainable_parameters()))
+    assert _same(list(resumed.adapter.trainable_parameters()), _trained_now(full))
+    assert len(_trained_now(full)) == len(list(resumed.adapter.trainable_parameters()))
     # and this code writes the entry in the same format: the same keys, fingerprint and counters
     saved = old["lit_treegrpo"]
     mine = {"state_dict": full.state_dict()}
@@ -696,13 +729,16 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
     from tests.checkpoints import make_tiny_checkpoint as made
 
     _, committed = _old_format_with_local_numbers(tmp_path)
-    full, resumed = made.model(), made.model()
+    with _earlier_lora():
+        full = made.model()
+    resumed = made.model()
     resumed.rollout_limits = RolloutLimits(max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
     made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False).fit(resumed, made.data(), ckpt_path=committed)
     assert resumed.iteration == full.iteration == 4
     # not bitwise: a matmul over 3 rows and one over 4 round differently in the last bits on CPU
-    for a, b in zip(resumed.adapter.trainable_parameters(), full.adapter.trainable_parameters()):
+    assert len(_trained_now(full)) == len(resumed.adapter.trainable_parameters())
+    for a, b in zip(resumed.adapter.trainable_parameters(), _trained_now(full)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
     shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused

@@ -319,3 +319,44 @@ def test_the_base_model_is_validated_once_at_the_start_of_a_run_not_of_a_resume(
         torch.load(tmp_path / r / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for r in ("on", "off")
     )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _with_never_trained(groups: int = 1) -> dict:
+    """A checkpoint of trainable tensors a, b, c (in the module's order), b never trained, with an
+    optimizer state for a and b."""
+    params = [[0, 1, 2]] if groups == 1 else [[0, 1], [2]]
+    return {
+        "state_dict": {"a": torch.zeros(1), "b": torch.ones(1), "c": torch.zeros(2)},
+        "optimizer_states": [
+            {"state": {0: {"step": 1}, 1: {"step": 1}}, "param_groups": [{"params": p, "lr": 0.1} for p in params]}
+        ],
+        "lit_treegrpo": {"fingerprint": {"trainable": ["a", "b", "c"], "shapes": {"a": [1], "b": [1], "c": [2]}}},
+    }
+
+
+def test_a_tensor_that_could_never_be_trained_is_dropped_with_its_optimizer_state() -> None:
+    from lit_treegrpo.training.checkpoint_state import drop_never_trained
+
+    checkpoint = _with_never_trained()
+    assert drop_never_trained(checkpoint, lambda name: name == "b", ["a", "c"]) == ["b"]
+    assert list(checkpoint["state_dict"]) == ["a", "c"]
+    assert checkpoint["optimizer_states"][0] == {"state": {0: {"step": 1}}, "param_groups": [{"params": [0, 2], "lr": 0.1}]}  # fmt: skip
+    assert checkpoint["lit_treegrpo"]["fingerprint"] == {"trainable": ["a", "c"], "shapes": {"a": [1], "c": [2]}}
+    # torch maps the saved slots 0, 2 onto this run's two parameters in order: a's state stays a's
+    a, c = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([a, c], lr=0.1)
+    optimizer.load_state_dict(checkpoint["optimizer_states"][0])
+    assert optimizer.state[a] == {"step": 1} and c not in optimizer.state
+
+
+def test_nothing_is_dropped_when_it_is_not_never_trained_or_its_slot_cannot_be_told() -> None:
+    from lit_treegrpo.training.checkpoint_state import drop_never_trained
+
+    for checkpoint, never in (
+        (_with_never_trained(), lambda name: False),
+        (_with_never_trained(2), lambda n: n == "b"),
+    ):
+        assert drop_never_trained(checkpoint, never, ["a", "c"]) == []
+        assert list(checkpoint["state_dict"]) == ["a", "b", "c"]
+        assert [g["params"] for g in checkpoint["optimizer_states"][0]["param_groups"]] in ([[0, 1, 2]], [[0, 1], [2]])
+        assert checkpoint["lit_treegrpo"]["fingerprint"]["trainable"] == ["a", "b", "c"]  # refused by the usual check

@@ -1,0 +1,43 @@
+"""Float32 master weights for a denoiser fully fine-tuned in bfloat16 / float16: such a weight keeps 8
+(bf16) or 11 (fp16) significant bits, so an AdamW step of lr 1e-5 rounds away on most weights. The
+adapter keeps the trained weights in float32 and computes in the low dtype under autocast; under
+FSDP2, :func:`fsdp_policy` gathers the float32 shards in the low dtype and reduces in float32."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+LOW = (torch.bfloat16, torch.float16)
+
+
+def to_master_weights(model: nn.Module) -> None:
+    """Every parameter of ``model`` in float32 (the optimizer steps these; the forward casts them)."""
+    for p in model.parameters():
+        p.data = p.data.float()
+
+
+def warn_low_precision_weights(low: torch.dtype) -> None:
+    """The one-line warning of a full fine-tuning that asked for low-precision weights themselves."""
+    warnings.warn(
+        f"master_weights false: the denoiser fine-tunes its {str(low).removeprefix('torch.')} weights themselves, "
+        f"which round away any update below ~{torch.finfo(low).eps / 2:.2%} of a weight (AdamW at lr 1e-5 leaves "
+        "most weights unchanged); set --model.adapter.init_args.master_weights true for float32 master weights",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def fsdp_policy(compute: torch.dtype | None) -> dict[str, Any]:
+    """``fully_shard``'s mixed-precision keyword for float32 masters computing in ``compute`` (none
+    without masters). Inputs are left as the adapter casts them, as on one device."""
+    if compute is None:
+        return {}
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return {
+        "mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    }
