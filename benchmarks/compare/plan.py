@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import stats
-from .methods import FLAT, GRIDS, HEADLINE, VARIANT_OF, VARIANTS, RunSpec, shifted_grid
+from .methods import FLAT, GRIDS, HEADLINE, OFFICIAL, VARIANT_OF, VARIANTS, RunSpec, neighbour, shifted_grid
 from .runs import Protocol, Run, RunCache
 
 SWEEP_SEEDS = (100, 101, 102)
@@ -40,28 +40,22 @@ class Design:
     variants: tuple[str, ...] = VARIANTS
     official: tuple[str, ...] = ()
     """Swept and reported like the headline methods, compared with them in the fidelity table but
-    kept out of the headline pairs and targets (``methods.OFFICIAL``)."""
-    extra_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Reported seeds beyond ``report_seeds`` for some headline methods (a pre-registered extension
-    of one pair), trained after everything else."""
+    kept out of the headline pairs and targets (``methods.OFFICIAL``). Without a grid of its own,
+    an official preset's grid comes from the fidelity screen (:func:`screen_grid`)."""
+    extension_seeds: tuple[int, ...] = ()
+    """Reported seeds beyond ``report_seeds`` of MixGRPO and the TreeGRPO that settles the pair
+    (:func:`extended`), trained after everything else."""
 
     def __post_init__(self) -> None:
-        extra = {s for seeds in self.extra_seeds.values() for s in seeds}
-        both = set(self.sweep_seeds) & (set(self.report_seeds) | set(self.variant_seeds) | extra)
+        reported = set(self.report_seeds) | set(self.variant_seeds) | set(self.extension_seeds)
+        both = set(self.sweep_seeds) & reported
         if both:
             raise ValueError(f"seeds {sorted(both)} would both tune and be reported; keep them apart")
-        unknown = [m for m in (*self.official, *self.extra_seeds) if m not in self.grids]
-        if unknown:
-            raise ValueError(f"{unknown} have no learning-rate grid in the design")
 
     @property
     def swept(self) -> tuple[str, ...]:
         """Every method with a sweep of its own: the headline methods, then the official presets."""
         return (*self.headline, *self.official)
-
-    def seeds_of(self, method: str) -> tuple[int, ...]:
-        """The reported seeds of a swept method (its extension included)."""
-        return (*self.report_seeds, *self.extra_seeds.get(method, ()))
 
 
 # The comparison as first run (benchmarks/results/shapes_cpu): TreeGRPO's curve had not flattened at
@@ -95,7 +89,11 @@ QUICK = Design(
     grids={m: (g[1],) for m, g in GRIDS.items()},  # one rate: the quick run checks the machinery, not the rates
     variants=(),
 )
-DESIGNS = {"540k": LONG, "750k": PLATEAU, "300k": FIRST, "quick": QUICK}
+# The fidelity screen's full protocol and the verdict's extension (docs/benchmarks.md), fixed before
+# their runs: the 750k design with the official presets swept and reported (grids from the screen)
+# and MixGRPO and the settling TreeGRPO extended to 26 paired seeds.
+SETTLED = Design(protocol=PLATEAU.protocol, official=OFFICIAL, extension_seeds=tuple(range(10, 26)))
+DESIGNS = {"540k": LONG, "750k": PLATEAU, "750k+": SETTLED, "300k": FIRST, "quick": QUICK}
 """The designs ``compare_methods.py --design`` names; ``FULL`` is the one the docs report."""
 
 
@@ -135,7 +133,7 @@ def ceiling_jobs(reported: RunCache, design: Design = FULL) -> list[RunSpec]:
         lr = sweeps[method].chosen if method in sweeps else None
         if lr is None:
             continue
-        runs = [r for s in design.seeds_of(method) if (r := reported.load(RunSpec(method, lr, s))) is not None]
+        runs = [r for s in design.report_seeds if (r := reported.load(RunSpec(method, lr, s))) is not None]
         if len(runs) < 2:
             continue
         test = stats.plateau_test([curve(r) for r in runs], design.protocol.budget, design.protocol.evaluations)
@@ -178,8 +176,25 @@ class Sweep:
         }
 
 
+def screen_grid(cache: RunCache, method: str) -> tuple[float, ...] | None:
+    """An official preset's grid, fixed before its runs (docs/benchmarks.md): the three rates of the
+    1-3-10 series centred on its best screen rate by the sweep's rule over the screen's seeds; None
+    until every screen run of ``method`` is in ``cache``."""
+    plateaus = {}
+    for lr in SCREEN_RATES[method]:
+        runs = [cache.load(RunSpec(method, lr, s)) for s in SCREEN_SEEDS]
+        if None in runs:
+            return None
+        plateaus[lr] = [stats.plateau(curve(r)) for r in runs]  # type: ignore[arg-type]
+    best = max(plateaus, key=lambda lr: stats.selection_score(plateaus[lr]))
+    return (neighbour(best, up=False), best, neighbour(best, up=True))
+
+
 def sweep_of(cache: RunCache, method: str, design: Design = FULL) -> Sweep:
-    grids = [design.grids[method]]
+    grid = design.grids.get(method) or (screen_grid(cache, method) if method in design.official else None)
+    if grid is None:
+        return Sweep(method, [()], {}, None, design.sweep_seeds)  # its grid is not known yet
+    grids = [grid]
     rates: dict[float, list[float | None]] = {}
     while True:
         for lr in grids[-1]:
@@ -244,14 +259,47 @@ def jobs(
     out += [RunSpec(m, lr, s) for m in design.official for lr in sweeps[m].grid for s in design.sweep_seeds]
     for seed in design.report_seeds:
         out += [RunSpec(m, sweeps[m].chosen, seed) for m in design.official if sweeps[m].chosen is not None]
-    extended = sorted({s for seeds in design.extra_seeds.values() for s in seeds})
-    for seed in extended:  # seed-major across the extended methods: a pair grows pair by pair
-        out += [
-            RunSpec(m, sweeps[m].chosen, seed)
-            for m, seeds in design.extra_seeds.items()
-            if seed in seeds and sweeps[m].chosen is not None
-        ]
+    # the pair's extension: MixGRPO's seeds first (they wait for nothing), then the TreeGRPO's once
+    # the rule has chosen it (:func:`extended`)
+    for method, seeds in extended(cache, design, sweeps).items():
+        if sweeps[method].chosen is not None:
+            out += [RunSpec(method, sweeps[method].chosen, s) for s in seeds]
     return out
+
+
+def settling_tree(cache: RunCache, design: Design, sweeps: dict[str, Sweep]) -> str | None:
+    """Which TreeGRPO the extension settles against MixGRPO (docs/benchmarks.md, fixed before the
+    runs): ``treegrpo``, unless the design holds ``treegrpo_official`` and its reported seeds end
+    above ``treegrpo``'s with a paired Student-t interval above 0; None while that is undecided (the
+    official preset's reported runs not all finished)."""
+    if "treegrpo_official" not in design.official:
+        return "treegrpo"
+    lrs = {m: sweeps[m].chosen for m in ("treegrpo", "treegrpo_official")}
+    if None in lrs.values():
+        return None
+    finals = {}
+    for m, lr in lrs.items():
+        runs = [cache.load(RunSpec(m, lr, s)) for s in design.report_seeds]
+        if None in runs:
+            return None
+        finals[m] = [stats.at(curve(r), design.protocol.budget) for r in runs]  # type: ignore[arg-type]
+    t = stats.paired_t(finals["treegrpo_official"], finals["treegrpo"])
+    return "treegrpo_official" if t["lo"] > 0 else "treegrpo"
+
+
+def extended(cache: RunCache, design: Design, sweeps: dict[str, Sweep] | None = None) -> dict[str, tuple[int, ...]]:
+    """The extension's seeds of each method it covers: MixGRPO's, and the settling TreeGRPO's once
+    :func:`settling_tree` has chosen it."""
+    if not design.extension_seeds:
+        return {}
+    sweeps = sweeps if sweeps is not None else sweeps_of(cache, design)
+    tree = settling_tree(cache, design, sweeps)
+    return {"mixgrpo": design.extension_seeds, **({tree: design.extension_seeds} if tree else {})}
+
+
+def seeds_of(method: str, design: Design, extension: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The reported seeds of a swept method, its extension included."""
+    return (*design.report_seeds, *extension.get(method, ()))
 
 
 @dataclass
@@ -284,7 +332,7 @@ def progress(cache: RunCache, design: Design = FULL, *, variants: bool = True) -
     every = [r for rs in rates.values() for r in rs]
     starts = {s: cache.start(s) for s in pending}
     unchosen = [m for m in design.swept if sweeps[m].chosen is None]
-    later = [m for m in unchosen for _ in design.seeds_of(m)]
+    later = [m for m in unchosen for _ in design.report_seeds]
     if variants:
         later += [v for v in design.variants if VARIANT_OF[v] in unchosen for _ in design.variant_seeds]
     seconds = seconds_later = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import fidelity, settle, stats
+from . import fidelity, plan, settle, stats
 from .methods import VARIANT_OF, RunSpec, description
 from .plan import CEILING, Design, curve, sweeps_of, targets
 from .runs import Run, RunCache
@@ -183,7 +183,8 @@ def summarise(
     budget = design.protocol.budget
     methods: dict[str, Any] = {}
     missing: list[str] = []
-    wanted = [(m, sweeps[m].chosen, design.seeds_of(m)) for m in design.swept]
+    extension = plan.extended(cache, design, sweeps)
+    wanted = [(m, sweeps[m].chosen, plan.seeds_of(m, design, extension)) for m in design.swept]
     wanted += [(v, sweeps[VARIANT_OF[v]].chosen, design.variant_seeds) for v in design.variants]
     for name, lr, seeds in wanted:
         if lr is None:
@@ -201,7 +202,7 @@ def summarise(
         methods[name] = summary
     # complete: every headline method has all its reported seeds (variants may be listed as not run)
     complete = goals is not None and all(
-        m in methods and methods[m]["n"] == len(design.seeds_of(m)) for m in design.headline
+        m in methods and methods[m]["n"] == len(plan.seeds_of(m, design, extension)) for m in design.headline
     )
     if goals is not None and all(goals[k]["method"] in methods for k in ("best_flat", "dancegrpo")):
         speedups(methods, goals, seed)
@@ -255,7 +256,8 @@ def summarise(
     )
     report["level_targets"] = settle.level_targets(methods, swept, timing, budget, seed)
     report["multiplicity"] = settle.holm_families(report)
-    report["curve_pair"] = settle.curve_pair(methods, *settle.EXTENDED_PAIR, budget, design.protocol.evaluations, seed)
+    settling = next((m for m in extension if m != "mixgrpo"), "treegrpo")  # the TreeGRPO extended against MixGRPO
+    report["curve_pair"] = settle.curve_pair(methods, settling, "mixgrpo", budget, design.protocol.evaluations, seed)
     # both papers' methods as their official code runs them: the screen, the official presets, the claims
     report["official_pairs"] = {
         key: diff

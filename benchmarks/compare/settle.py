@@ -14,8 +14,6 @@ from . import stats
 
 LEVELS = (0.75, 0.775, 0.79)
 """Held-out reward levels fixed before the runs: each method's compute and seconds to each."""
-EXTENDED_PAIR = ("treegrpo", "mixgrpo")
-"""The pair extended to 26 seeds, compared along its whole curve."""
 
 
 def points(run_curve: list[dict[str, float]]) -> list[tuple[float, float]]:

@@ -332,32 +332,59 @@ def test_the_status_counts_the_runs_left_and_prices_them_at_each_methods_seconds
     assert "; 3 more once their sweeps choose a rate (up to 0.0 h on one core, if none extends" in text
 
 
-def test_official_presets_and_an_extended_pair_are_trained_after_everything_else(tmp_path: Path) -> None:
-    # a design with one official preset and TreeGRPO's extension to seeds 3-4: the headline work
-    # first, then the official preset's sweep and seeds, then the extension seed by seed
+def test_official_presets_and_the_extension_are_trained_after_everything_else(tmp_path: Path) -> None:
+    # one official preset with a grid of its own and an extension to seeds 3-4: the headline work
+    # first, then the official preset's sweep (its seeds wait for its choice), then the extension:
+    # MixGRPO's seeds at once, TreeGRPO's once the official preset's reported runs decide the rule
     design = plan.Design(
         protocol=PROTOCOL,
         sweep_seeds=(100, 101),
         report_seeds=(0, 1, 2),
         variant_seeds=(),
-        grids={"treegrpo": (3e-4,), "dancegrpo": (3e-4,), "treegrpo_official": (1e-4,)},
-        headline=("treegrpo", "dancegrpo"),
+        grids={"treegrpo": (3e-4,), "mixgrpo": (3e-4,), "treegrpo_official": (1e-4,)},
+        headline=("treegrpo", "mixgrpo"),
         variants=(),
         official=("treegrpo_official",),
-        extra_seeds={"treegrpo": (3, 4)},
+        extension_seeds=(3, 4),
     )
     cache = RunCache(tmp_path, PROTOCOL)
-    for m in ("treegrpo", "dancegrpo"):
+    for m in ("treegrpo", "mixgrpo"):
         for s in (100, 101):
             write(cache, RunSpec(m, 3e-4, s), [0.5, 0.6, 0.7, 0.7, 0.7])
-    jobs = [s for s in plan.jobs(cache, design) if cache.load(s) is None]
-    reported = [RunSpec(m, 3e-4, s) for s in (0, 1, 2) for m in ("treegrpo", "dancegrpo")]
+
+    def pending() -> list[RunSpec]:
+        return [s for s in plan.jobs(cache, design) if cache.load(s) is None]
+
+    reported = [RunSpec(m, 3e-4, s) for s in (0, 1, 2) for m in ("treegrpo", "mixgrpo")]
     official = [RunSpec("treegrpo_official", 1e-4, s) for s in (100, 101)]
-    # the official preset's reported seeds wait for its sweep to choose (a one-rate grid: once run)
-    assert jobs == reported + official + [RunSpec("treegrpo", 3e-4, 3), RunSpec("treegrpo", 3e-4, 4)]
-    assert design.seeds_of("treegrpo") == (0, 1, 2, 3, 4) and design.seeds_of("dancegrpo") == (0, 1, 2)
-    assert design.swept == ("treegrpo", "dancegrpo", "treegrpo_official")
+    mix = [RunSpec("mixgrpo", 3e-4, s) for s in (3, 4)]
+    assert pending() == reported + official + mix  # TreeGRPO's extension: undecided
+    for spec in reported + official:
+        write(cache, spec, [0.5, 0.6, 0.7, 0.7, 0.7])
+    assert pending() == [RunSpec("treegrpo_official", 1e-4, s) for s in (0, 1, 2)] + mix
+    # the official preset ends above treegrpo by 0.02, 0.03, 0.04: mean 0.03, sd 0.01, t(0.975, 2) =
+    # 4.303, so the interval 0.03 -+ 0.0248 lies above 0 and it is extended (by 0.01, 0.02, 0.03 it
+    # would not: 0.02 - 0.0248 < 0)
+    for s, end in zip((0, 1, 2), (0.72, 0.73, 0.74)):
+        write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.6, 0.7, 0.7, end])
+    assert plan.extended(cache, design) == {"mixgrpo": (3, 4), "treegrpo_official": (3, 4)}
+    assert pending() == mix + [RunSpec("treegrpo_official", 1e-4, s) for s in (3, 4)]
+    # ... while one that ends below, or not clearly above, leaves treegrpo the settling one
+    for s, end in zip((0, 1, 2), (0.71, 0.69, 0.70)):
+        write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.6, 0.7, 0.7, end])
+    assert plan.extended(cache, design) == {"mixgrpo": (3, 4), "treegrpo": (3, 4)}
+    assert plan.seeds_of("treegrpo", design, plan.extended(cache, design)) == (0, 1, 2, 3, 4)
+    assert design.swept == ("treegrpo", "mixgrpo", "treegrpo_official")
     with pytest.raises(ValueError, match="would both tune and be reported"):
-        plan.Design(sweep_seeds=(100,), extra_seeds={"treegrpo": (100,)})
-    with pytest.raises(ValueError, match="have no learning-rate grid"):
-        plan.Design(official=("nothing",))
+        plan.Design(sweep_seeds=(100,), extension_seeds=(100,))
+
+
+def test_an_official_presets_grid_is_centred_on_its_best_screen_rate(tmp_path: Path) -> None:
+    # screen rates 1e-4 and 3e-4 on seeds 100, 101: plateaus (0.7, 0.7) and (0.75, 0.65) score 0.7
+    # and 0.7 - 0.0707 by the mean-minus-sd rule, so 1e-4 wins and the grid is 3e-5, 1e-4, 3e-4
+    cache = RunCache(tmp_path, PROTOCOL)
+    assert plan.screen_grid(cache, "treegrpo_official") is None  # not screened yet
+    for s, (low, high) in zip(plan.SCREEN_SEEDS, ((0.7, 0.75), (0.7, 0.65))):
+        write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.7, 0.7, 0.7, low])
+        write(cache, RunSpec("treegrpo_official", 3e-4, s), [0.5, high, high, high, high])
+    assert plan.screen_grid(cache, "treegrpo_official") == (3e-5, 1e-4, 3e-4)
