@@ -108,7 +108,10 @@ def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     methods = report["methods"]
 
-    def verdict(lo: float, hi: float, none: float) -> str:
+    def verdict(lo: float | None, hi: float | None, none: float) -> str:
+        # no interval (one seed, or a target some seed never reached): nothing is resolved
+        if lo is None or hi is None:
+            return "not resolved"
         return "reproduced" if lo > none else "contradicted" if hi < none else "not resolved"
 
     def speedup_rows(method: str, claim: str, paper: str) -> None:
@@ -130,7 +133,7 @@ def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
         if scale is not None:
-            sec = {k: t[k] * scale for k in ("mean", "lo", "hi")}
+            sec = {k: None if t[k] is None else t[k] * scale for k in ("mean", "lo", "hi")}
             out.append(
                 {
                     "kind": "speedup",
@@ -214,6 +217,16 @@ def _cell(row: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
     return f"{(row['arm'] - row['base']) * scale:+.{digits}f} ({diffs}; {row['direction']})"
 
 
+def _interval(o: dict[str, Any], fmt: str, unit: str = "") -> str:
+    """``mean [lo, hi]``; "n/a" for a missing mean and no brackets for a missing interval."""
+    if o.get("mean") is None:
+        return "n/a"
+    text = f"{o['mean']:{fmt}}{unit}"
+    if o.get("lo") is None or o.get("hi") is None:
+        return text
+    return f"{text} [{o['lo']:{fmt}}{unit}, {o['hi']:{fmt}}{unit}]"
+
+
 def tables(report: dict[str, Any]) -> list[str]:
     """The fidelity and claims tables (Markdown lines), from ``results.json``."""
     lines: list[str] = []
@@ -275,11 +288,9 @@ def tables(report: dict[str, Any]) -> list[str]:
         for c in cl:
             o = c["ours"]
             if c["kind"] == "speedup":
-                ours = f"{o['mean']:.2f}x [{o['lo']:.2f}x, {o['hi']:.2f}x] speed-up to DanceGRPO's target"
+                ours = f"{_interval(o, '.2f', 'x')} speed-up to DanceGRPO's target"
             elif c["kind"] == "reward":
-                ours = f"{o['mean']:+.3f} [{o['lo']:+.3f}, {o['hi']:+.3f}] final reward" + (
-                    " at equal seconds" if c["axis"] == "seconds" else ""
-                )
+                ours = f"{_interval(o, '+.3f')} final reward" + (" at equal seconds" if c["axis"] == "seconds" else "")
             else:
                 shown = "" if o["lo"] is None else f" [{o['lo']:.2f}x, {o['hi']:.2f}x] over {o['n']} rounds"
                 ours = f"{o['mean']:.2f}x{shown} less time per iteration ({100 * (1 - 1 / o['mean']):.0f}% less)"

@@ -339,8 +339,11 @@ def papers_sentence(claims: list[dict[str, Any]]) -> str:
             continue
         shown = []
         for axis, row in rows.items():
-            o = row["ours"]
-            shown.append(f"{o['mean']:.2f}x in {axis}" if kind == "speedup" else f"{o['mean']:+.3f} at equal {axis}")
+            mean = row["ours"].get("mean")
+            if mean is None:  # no seed reached the target: nothing to quote
+                shown.append(f"n/a in {axis}")
+            else:
+                shown.append(f"{mean:.2f}x in {axis}" if kind == "speedup" else f"{mean:+.3f} at equal {axis}")
         verdicts = {row["verdict"] for row in rows.values()}
         said = verdicts.pop() if len(verdicts) == 1 else " / ".join(rows[a]["verdict"] for a in rows)
         parts.append(f"{what}: {said} ({', '.join(shown)})")
