@@ -1,6 +1,6 @@
 """Peak memory of one training micro-batch (forward and backward of ``U`` parents with their
 children, as the module's training pass runs it) next to the training guard's estimate
-(:func:`lit_treegrpo.training.memory_probe.probe_training`, :func:`lit_treegrpo.core.memory.training_memory`).
+(:func:`lit_treegrpo.training.memory_guard.probe_training`, :func:`lit_treegrpo.core.memory.training_memory`).
 
 The peak is the most tensor bytes alive at once during the micro-batch, counted on any device by
 a dispatch mode that follows every storage an operation creates until it is freed: what an
@@ -69,7 +69,7 @@ def measure(adapter: Any, parents: int, children: int) -> int:
 def rows(adapter_path: str, adapter_kwargs: dict, device: str) -> list[dict]:
     from lit_treegrpo.core.memory import training_memory
     from lit_treegrpo.core.spec import TreeSpec
-    from lit_treegrpo.training.memory_probe import probe_training
+    from lit_treegrpo.training.memory_guard import probe_training
 
     torch.set_num_threads(1)
     module, _, name = adapter_path.rpartition(".")

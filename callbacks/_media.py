@@ -1,11 +1,4 @@
-"""Where the callbacks' images, GIFs and text go: every logger of the Trainer that can take them.
-
-One small writer interface (:class:`MediaWriter`: ``image``, ``gif``, ``text``, ``flush``) over
-Lightning's loggers: TensorBoard (``SummaryWriter``), Weights & Biases (``WandbLogger``, online or
-offline) and MLflow (``MLFlowLogger``, any tracking store). A logger that takes scalars only (CSV)
-gets none, and a trainer without any logger that takes images is told once, by the callback that
-skips them. Images are ``[H, W, 3]`` uint8 arrays, placed at the training iteration ``step``.
-"""
+"""Where the callbacks' images, GIFs and text go: every logger of the Trainer that can take them."""
 
 from __future__ import annotations
 

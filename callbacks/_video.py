@@ -1,10 +1,5 @@
 """Video summaries without moviepy: an animated GIF (PIL) in a TensorBoard image summary, and a
-filmstrip of frames.
-
-``SummaryWriter.add_video`` encodes its frames as an animated GIF inside an image summary too, but
-needs moviepy for that and, without it, prints a line and writes nothing. Writing the GIF with PIL
-gives the same record (TensorBoard's Images tab plays it) with no extra package.
-"""
+filmstrip of frames."""
 
 from __future__ import annotations
 
@@ -16,10 +11,7 @@ from torch import Tensor
 
 
 def gif_bytes(frames: Tensor, fps: int) -> bytes:
-    """``frames`` [F, H, W, 3] uint8 -> an animated GIF that loops forever, ``fps`` frames a second.
-
-    GIF stores frame times in hundredths of a second (so 8 fps plays at 1 / 0.12 s), and PIL merges
-    identical consecutive frames into one longer frame (a static video plays as one image)."""
+    """``frames`` [F, H, W, 3] uint8 -> an animated GIF that loops forever, ``fps`` frames a second."""
     from PIL import Image
 
     images = [Image.fromarray(f.numpy()) for f in frames]

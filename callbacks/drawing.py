@@ -1,9 +1,5 @@
 """Captions drawn into images, with PIL's built-in bitmap font (nothing downloaded): the captioned
-sample grid (:func:`captioned_grid`) and the picture of one rollout tree (:func:`draw_tree`).
-
-Images come in as float tensors in [0, 1]: ``[3, H, W]``, or a video ``[F, 3, H, W]`` of which the
-middle frame is shown (:func:`still`), so a video adapter's samples draw without a special case.
-"""
+sample grid (:func:`captioned_grid`) and the picture of one rollout tree (:func:`draw_tree`)."""
 
 from __future__ import annotations
 
@@ -132,6 +128,45 @@ def _leaf_ranges(edge_parent: Tensor, leaf_edge: Tensor) -> tuple[list[float], l
     return [t / max(n, 1) for t, n in zip(total, count)], count
 
 
+def _root_positions(edge_parent: Tensor, edge_source: Tensor, centre: Any) -> dict[int, float]:
+    """The column of each root: one per rollout source of the first edges (num_trees per prompt), above
+    the middle of its first edges."""
+    E = edge_parent.shape[0]
+    root_x: dict[int, float] = {}
+    for e in range(E):
+        if int(edge_parent[e]) < 0:
+            root_x.setdefault(int(edge_source[e]), 0.0)
+    for source in root_x:
+        members = [centre[e] for e in range(E) if int(edge_parent[e]) < 0 and int(edge_source[e]) == source]
+        root_x[source] = sum(members) / len(members)
+    return root_x
+
+
+def _draw_edge(
+    draw: Any, face: Any, start: tuple[int, int], end: tuple[int, int], advantage: float, kept: bool
+) -> tuple[int, int, str, tuple[int, int, int]]:
+    """One edge from ``start`` to ``end``, coloured by its advantage's sign (grey and crossed when
+    pruned); returns where and how its advantage label goes."""
+    (x0, y0), (x1, y1) = start, end
+    colour = GREY if not kept else (POSITIVE if advantage >= 0 else NEGATIVE)
+    draw.line((x0, y0, x1, y1), fill=colour, width=2 if kept else 1)
+    draw.ellipse((x1 - 3, y1 - 3, x1 + 3, y1 + 3), fill=colour)
+    if not kept:  # the pruned mark, on the edge's midpoint
+        mx, my = (x0 + x1) // 2, (y0 + y1) // 2
+        draw.line((mx - 4, my - 4, mx + 4, my + 4), fill=NEGATIVE, width=2)
+        draw.line((mx - 4, my + 4, mx + 4, my - 4), fill=NEGATIVE, width=2)
+    text = fmt(advantage)
+    return x1 - text_width(text, face) // 2, y1 + 4, text, colour
+
+
+def _canvas(width: int, height: int) -> tuple[Any, Any]:
+    """A blank image (at least 420 pixels wide) and its drawing context."""
+    from PIL import Image, ImageDraw
+
+    canvas = Image.new("RGB", (max(width, 420), height), BACKGROUND)
+    return canvas, ImageDraw.Draw(canvas)
+
+
 def draw_tree(
     *,
     edge_parent: Tensor,
@@ -147,30 +182,19 @@ def draw_tree(
     scale: int = 1,
 ) -> Any:
     """One prompt's rollout tree as a PIL image: the root(s) on top, one row per depth of recorded
-    (stochastic) edges, labelled with the denoising step they sample; every edge drawn from its
-    parent's end to its own, coloured by the sign of its advantage (written beside it), and a
-    pruned edge grey with an ``x`` on it; under each leaf its image and its reward.
-
-    ``edge_*`` [E], ``advantages`` [E], ``keep`` [E] bool, ``leaf_edge`` [L], ``leaf_images``
-    [L, 3, H, W] (or videos [L, F, 3, H, W]: the middle frame), ``rewards`` [L]; leaves are in the
-    rollout's order, in which the leaves below any edge are contiguous."""
-    from PIL import Image, ImageDraw
-
+    edges (labelled with the steps they sample), each edge coloured by its advantage's sign (pruned:
+    grey, crossed), and under each leaf its image and reward."""
     face = font()
     L, E = leaf_edge.shape[0], edge_parent.shape[0]
     thumbs = [to_pil(leaf_images[i], scale) for i in range(L)]
-    tw, th = max(t.width for t in thumbs), max(t.height for t in thumbs)
-    col = max(tw, 40) + 8  # pixels per leaf column (an advantage label is 6 characters)
+    th = max(t.height for t in thumbs)
+    col = max(max(t.width for t in thumbs), 40) + 8  # pixels per leaf column (an advantage label is 6 characters)
     levels = int(edge_depth.max()) + 1 if E else 0
     row_h = 3 * LINE_H + 10
     margin_left, top = 60, LINE_H * len(title) + 14
-    width = margin_left + L * col + 8
-    height = top + (levels + 1) * row_h + th + 2 * LINE_H + 8
-    canvas = Image.new("RGB", (max(width, 420), height), BACKGROUND)
-    draw = ImageDraw.Draw(canvas)
+    canvas, draw = _canvas(margin_left + L * col + 8, top + (levels + 1) * row_h + th + 2 * LINE_H + 8)
     for i, line in enumerate(title):
         draw.text((6, 4 + i * LINE_H), line, fill=INK, font=face)
-
     centre, _ = _leaf_ranges(edge_parent, leaf_edge)
 
     def x_of(position: float) -> int:
@@ -179,49 +203,38 @@ def draw_tree(
     def y_of(level: int) -> int:  # level -1: the roots
         return top + (level + 1) * row_h + LINE_H // 2
 
-    # roots: one per rollout source of the first edges (num_trees roots per prompt)
-    root_x: dict[int, float] = {}
-    for e in range(E):
-        if int(edge_parent[e]) < 0:
-            root_x.setdefault(int(edge_source[e]), 0.0)
-    for source in root_x:
-        members = [centre[e] for e in range(E) if int(edge_parent[e]) < 0 and int(edge_source[e]) == source]
-        root_x[source] = sum(members) / len(members)
-    draw.text((6, y_of(-1) - LINE_H // 2), "root", fill=INK, font=face)
-    for level in range(levels):
+    root_x = _root_positions(edge_parent, edge_source, centre)
+    for level in range(-1, levels):  # each row's label: the denoising steps its edges sample
         steps = sorted({int(edge_step[e]) for e in range(E) if int(edge_depth[e]) == level})
-        label = "t=" + ",".join(map(str, steps[:3])) + ("..." if len(steps) > 3 else "")
+        label = "root" if level < 0 else "t=" + ",".join(map(str, steps[:3])) + ("..." if len(steps) > 3 else "")
         draw.text((6, y_of(level) - LINE_H // 2), label, fill=INK, font=face)
     for x in root_x.values():
         cx, cy = x_of(x), y_of(-1)
         draw.ellipse((cx - 4, cy - 4, cx + 4, cy + 4), fill=INK)
-    labels: list[tuple[int, int, str, tuple[int, int, int]]] = []  # drawn over the lines, on white
+    labels = []  # drawn over the lines, on white
     for e in range(E):
         parent, level = int(edge_parent[e]), int(edge_depth[e])
-        x0 = x_of(root_x[int(edge_source[e])] if parent < 0 else centre[parent])
-        y0 = y_of(level - 1)
-        x1, y1 = x_of(centre[e]), y_of(level)
-        advantage = float(advantages[e])
-        kept = bool(keep[e])
-        colour = GREY if not kept else (POSITIVE if advantage >= 0 else NEGATIVE)
-        draw.line((x0, y0, x1, y1), fill=colour, width=2 if kept else 1)
-        draw.ellipse((x1 - 3, y1 - 3, x1 + 3, y1 + 3), fill=colour)
-        if not kept:  # the pruned mark, on the edge's midpoint
-            mx, my = (x0 + x1) // 2, (y0 + y1) // 2
-            draw.line((mx - 4, my - 4, mx + 4, my + 4), fill=NEGATIVE, width=2)
-            draw.line((mx - 4, my + 4, mx + 4, my - 4), fill=NEGATIVE, width=2)
-        text = fmt(advantage)
-        labels.append((x1 - text_width(text, face) // 2, y1 + 4, text, colour))
+        start = (x_of(root_x[int(edge_source[e])] if parent < 0 else centre[parent]), y_of(level - 1))
+        end = (x_of(centre[e]), y_of(level))
+        labels.append(_draw_edge(draw, face, start, end, float(advantages[e]), bool(keep[e])))
     for x, y, text, colour in labels:
         draw.rectangle((x - 1, y, x + text_width(text, face), y + LINE_H - 1), fill=BACKGROUND)
         draw.text((x, y), text, fill=colour, font=face)
     leaves_top = y_of(levels - 1) + 3 * LINE_H
     for i, thumb in enumerate(thumbs):
-        left = x_of(i) - thumb.width // 2
         edge = int(leaf_edge[i])
-        if edge >= 0:
-            draw.line((x_of(centre[edge]), y_of(int(edge_depth[edge])) + LINE_H + 4, x_of(i), leaves_top), fill=GREY)
-        canvas.paste(thumb, (left, leaves_top))
-        text = fmt(float(rewards[i]))
-        draw.text((x_of(i) - text_width(text, face) // 2, leaves_top + th + 2), text, fill=INK, font=face)
+        above = (x_of(centre[edge]), y_of(int(edge_depth[edge])) + LINE_H + 4) if edge >= 0 else None
+        _draw_leaf(canvas, draw, face, thumb, (x_of(i), leaves_top), above, float(rewards[i]), th)
     return canvas
+
+
+def _draw_leaf(
+    canvas: Any, draw: Any, face: Any, thumb: Any, at: tuple[int, int], above: Any, reward: float, height: int
+) -> None:
+    """A leaf's image centred at ``at`` (x, top), joined to its last edge's end ``above``, its reward under it."""
+    x, top = at
+    if above is not None:
+        draw.line((*above, x, top), fill=GREY)
+    canvas.paste(thumb, (x - thumb.width // 2, top))
+    text = fmt(reward)
+    draw.text((x - text_width(text, face) // 2, top + height + 2), text, fill=INK, font=face)

@@ -1,18 +1,4 @@
-"""Exponential moving average of the trainable (LoRA) parameters, swapped in for evaluation.
-
-Lightning's ``EMAWeightAveraging`` deep-copies the whole LightningModule: for Stable Diffusion that
-is gigabytes of frozen text encoders and VAE averaged for nothing. This callback keeps float32
-shadow copies of ``pl_module.adapter.trainable_parameters()`` only, on the parameters' device.
-
-Update, after the optimizer steps of training step ``n`` (``n`` completed steps), when
-:meth:`EMA.should_update` says so (by default ``n >= start_step`` and ``n % every_n_steps == 0``)::
-
-    shadow <- param                                   (first update)
-    shadow <- decay * shadow + (1 - decay) * param    (every later one)
-
-so after a copy of ``p0`` and ``k`` updates with parameters ``p`` the shadow is
-``decay**k * p0 + (1 - decay**k) * p``.
-"""
+"""Exponential moving average of the trainable (LoRA) parameters, swapped in for evaluation."""
 
 from __future__ import annotations
 
@@ -34,7 +20,7 @@ APPLY_ON: tuple[ApplyOn, ...] = choices(ApplyOn)
 
 
 class EMA(Callback):
-    """EMA of ``pl_module.adapter.trainable_parameters()``.
+    """EMA of ``pl_module.trainable_parameters()`` (a ``PolicyModule``).
 
     Args:
         decay: weight of the old average in each update, in [0, 1).
@@ -84,7 +70,7 @@ class EMA(Callback):
     # ------------------------------------------------------------------------ the average
     @staticmethod
     def _params(pl_module: pl.LightningModule) -> list[nn.Parameter]:
-        return list(pl_module.adapter.trainable_parameters())
+        return list(pl_module.trainable_parameters())
 
     def _check_loaded(self, params: list[nn.Parameter]) -> None:
         """Adopt shadows restored by :meth:`load_state_dict` once the parameters are known."""
@@ -120,9 +106,8 @@ class EMA(Callback):
 
     @contextlib.contextmanager
     def swapped(self, pl_module: pl.LightningModule) -> Iterator[None]:
-        """Run the block with the averaged weights in the trainable parameters; the training
-        weights are restored bitwise afterwards, also on an exception. Before the first update the
-        average *is* the training weights and nothing is swapped. Nested use is a no-op."""
+        """Run the block with the averaged weights in the trainable parameters; the training weights are restored
+        bitwise afterwards, also on an exception."""
         if self._stash is not None or not self._swap_in(pl_module):
             yield
             return

@@ -20,8 +20,7 @@ class ExportOnTrainEnd(Callback):
     ``export`` command does.
 
     Args:
-        out: the folder to write; ``null``: ``<default_root_dir>/export``. It must be new or empty
-            (checked before training), unless ``overwrite``.
+        out: the folder to write; ``null``: ``<default_root_dir>/export``.
         merged: the full denoiser with the LoRA merged in instead of the LoRA alone.
         ema: also write the EMA weights (``<out>/ema``) when an :class:`EMA` callback has updated.
         overwrite: replace an earlier export in ``out`` (a resumed fit's, say): only the files it

@@ -1,19 +1,4 @@
-"""Stop on SIGTERM or Ctrl-C without losing work: finish the step in flight, write last.ckpt.
-
-Lightning already turns SIGTERM (a pre-empted node, ``kill``) into a stop at the end of the
-current training step; this callback then writes ``<checkpoints>/last.ckpt`` (through the
-trainer's CheckpointIO: the CLI installs :class:`lit_treegrpo.runs.checkpoint.AtomicCheckpointIO`, so a
-kill during the write leaves the previous file intact), so that ``--ckpt_path last`` continues
-with nothing lost. The signal may come at any point of the step, in the rollout or the training
-pass: the step in flight finishes first (tested for both, with SIGTERM and Ctrl-C). A first Ctrl-C asks for the same graceful stop;
-a second one aborts at once, as usual.
-
-Only a fit writes: ``validate``, ``test`` and ``predict`` run in the same folder as the fit they
-evaluate, so a checkpoint written there would replace the trained ``last.ckpt`` with the
-untrained (or merely loaded) weights. A SIGTERM during those commands stops them before their next
-batch (predict included, which Lightning's loop does not check), so they write nothing more; the
-CLI then exits with a non-zero status.
-"""
+"""Stop on SIGTERM or Ctrl-C without losing work: finish the step in flight, write last.ckpt."""
 
 from __future__ import annotations
 
@@ -30,24 +15,21 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from lit_treegrpo.core.interfaces import Iterations
+
 
 class CheckpointOnInterrupt(pl.Callback):
-    """Write ``last.ckpt`` when a fit is interrupted by SIGTERM or a first Ctrl-C; stop other
-    commands after their batch in flight without writing anything.
+    """Write ``last.ckpt`` when a fit is interrupted by SIGTERM or a first Ctrl-C; stop other commands after their
+    batch in flight without writing anything."""
 
-    Args:
-        catch_sigint: turn the first Ctrl-C into a graceful stop (a second one aborts).
-    """
-
-    def __init__(self, catch_sigint: bool = True) -> None:
-        self.catch_sigint = catch_sigint
+    def __init__(self) -> None:
         self._previous_sigint: Any = None
         self._stopping = False
         self.saved_to: Path | None = None
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.catch_sigint and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -72,7 +54,7 @@ class CheckpointOnInterrupt(pl.Callback):
             path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # the whole state (said, not defaulted)
         self.saved_to = path
-        step = getattr(pl_module, "iteration", trainer.global_step)
+        step = pl_module.iteration if isinstance(pl_module, Iterations) else trainer.global_step
         rank_zero_info(
             f"Interrupted after training step {step}: checkpoint written to {path}; resume with --ckpt_path last"
         )

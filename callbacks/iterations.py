@@ -1,13 +1,4 @@
-"""Run length in training iterations, the unit this project speaks in.
-
-One training iteration is one rollout of the tree for a batch of prompts and its policy updates:
-``minibatches x inner_epochs`` optimizer steps (or one per ``edges_per_update`` kept edges, and none
-for a step the ``skip`` fault policy refused). Lightning's ``max_steps`` counts those optimizer
-steps, so ``max_steps: 250`` with ``minibatches: 4`` is 63 iterations. :class:`IterationLimit`
-(the CLI's ``--max_iterations``) stops a fit after a number of iterations instead, and
-:func:`run_iterations` tells the callbacks that need the run's length (``PruningSchedule``'s
-``width_fraction``, the progress lines' ETA) how many iterations it has.
-"""
+"""Run length in training iterations, the unit this project speaks in."""
 
 from __future__ import annotations
 
@@ -19,9 +10,8 @@ from typing_extensions import override
 
 
 class IterationLimit(Callback):
-    """Stop the fit once ``pl_module.iteration`` reaches ``max_iterations`` (training iterations
-    completed, a resumed run's included). The CLI installs it for ``--max_iterations`` and sets
-    ``trainer.max_steps`` to -1, so that only this limit applies."""
+    """Stop the fit once ``pl_module.iteration`` reaches ``max_iterations`` (training iterations completed, a resumed
+    run's included)."""
 
     def __init__(self, max_iterations: int) -> None:
         if max_iterations < 1:
@@ -54,16 +44,13 @@ def run_iterations(trainer: pl.Trainer) -> int | None:
 
 
 class EveryNIterations(Callback):
-    """Base of the callbacks that draw something of the policy every ``every_n_steps`` training
-    iterations (:class:`~lit_treegrpo.callbacks.SampleGridLogger`, :class:`~lit_treegrpo.callbacks.TreeView`):
-    before the first iteration of a fit (``log_at_start``; a resumed run's included), before every
-    iteration whose index is a positive multiple of ``every_n_steps`` (= after that many completed
-    ones and their EMA updates, whatever the callback order) and at the end of training, never twice
-    at one iteration. Subclasses set ``every_n_steps``, ``log_at_start`` and ``last_logged`` and
-    implement :meth:`log_at`; ``last_logged`` is their checkpoint state."""
+    """Base of the callbacks that draw something of the policy every ``every_n_steps`` training iterations
+    (:class:`~lit_treegrpo.callbacks.SampleGridLogger`, :class:`~lit_treegrpo.callbacks.TreeView`): before the first
+    iteration of a fit (a resumed run's included), before every iteration whose index is a
+    positive multiple of ``every_n_steps`` (= after that many completed ones and their EMA updates, whatever the
+    callback order) and at the end of training, never twice at one iteration."""
 
     every_n_steps: int
-    log_at_start: bool
     last_logged: int | None
 
     def log_at(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -72,7 +59,7 @@ class EveryNIterations(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.log_at_start and self.last_logged != pl_module.iteration:
+        if self.last_logged != pl_module.iteration:
             self.log_at(trainer, pl_module)
 
     @override

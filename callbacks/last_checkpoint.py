@@ -1,29 +1,4 @@
-"""``last.ckpt`` is the run's latest state, in the run folder the user names.
-
-Two gaps of Lightning's ``ModelCheckpoint(save_last=True)`` that this closes (the CLI adds the
-callback beside every ``ModelCheckpoint``):
-
-- **The last steps of a fit.** ``ModelCheckpoint`` writes ``last.ckpt`` only together with a
-  scheduled checkpoint: after a validation when validation is scheduled by steps
-  (``check_val_every_n_epoch: null``, every shipped config), and at the end of the fit only when it
-  had written nothing at all. A fit of ``max_steps: 8`` validated every 3 steps thus ended with
-  ``last.ckpt`` at step 6: ``export`` exported older weights and ``--ckpt_path last`` trained steps
-  7-8 again. :meth:`KeepLastCheckpoint.on_train_end` writes ``last.ckpt`` once more when the fit
-  ends past its last save, however it ends normally (``max_steps``, ``max_time``,
-  ``--max_iterations``, a callback's stop); a fit whose last step already saved writes nothing more.
-  An interrupted fit (SIGTERM, Ctrl-C) does not reach ``on_train_end``:
-  :class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt` writes that one.
-- **A moved or copied run folder.** A checkpoint holds ``ModelCheckpoint``'s state with absolute
-  paths (its ``dirpath``, ``last_model_path``, the top-k files). Resumed under another folder name,
-  Lightning drops that state (the dirpath changed), so ``last_model_path`` is empty, the existing
-  ``last.ckpt`` counts as someone else's file and its version counter writes ``last-v1.ckpt``
-  beside it; the next ``--ckpt_path last`` then resumed the stale ``last.ckpt``.
-  :meth:`KeepLastCheckpoint.on_load_checkpoint` reads that state as this folder's when the
-  checkpoint being resumed lies in this folder's checkpoint directory (after ``mv A B`` or
-  ``cp -a A B``, ``--trainer.default_root_dir B --ckpt_path last``), so the resumed run goes on as
-  in its original folder: it overwrites ``B/checkpoints/last.ckpt`` and replaces its own top-k files
-  in ``B`` only. A checkpoint taken from another run's folder keeps Lightning's rules.
-"""
+"""``last.ckpt`` is the run's latest state, in the run folder the user names."""
 
 from __future__ import annotations
 
@@ -34,6 +9,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
+from lit_treegrpo.common.lightning_private import last_checkpoint_state, save_last_checkpoint
+from lit_treegrpo.core.interfaces import Iterations
+
 #: the entries of ``ModelCheckpoint``'s state that name files of its ``dirpath``
 _PATH_ENTRIES = ("best_model_path", "kth_best_model_path", "last_model_path")
 
@@ -41,7 +19,7 @@ _PATH_ENTRIES = ("best_model_path", "kth_best_model_path", "last_model_path")
 def _position(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[int, Any]:
     """Where a fit stands: optimizer steps and training iterations (they part when a step is
     skipped: ``faults.nonfinite: skip`` advances the iteration without an optimizer step)."""
-    return trainer.global_step, getattr(pl_module, "iteration", None)
+    return trainer.global_step, pl_module.iteration if isinstance(pl_module, Iterations) else None
 
 
 def _in_folder(path: Any, old: str, new: str) -> Any:
@@ -64,9 +42,8 @@ def rebased_state(state: dict[str, Any], new_dirpath: str) -> dict[str, Any]:
 
 
 class KeepLastCheckpoint(pl.Callback):
-    """Write ``last.ckpt`` at the end of every fit, and resume a moved or copied run folder into
-    its own ``last.ckpt`` (see the module docstring). Acts on every ``ModelCheckpoint`` of the
-    trainer with ``save_last``; it saves nothing itself that ``ModelCheckpoint`` would not."""
+    """Write ``last.ckpt`` at the end of every fit, and resume a moved or copied run folder into its own ``last.ckpt``
+    (see the module docstring)."""
 
     def __init__(self) -> None:
         self._saved_at: tuple[int, Any] | None = None  # the position of the fit's latest checkpoint write
@@ -108,9 +85,10 @@ class KeepLastCheckpoint(pl.Callback):
         for callback in trainer.checkpoint_callbacks:
             if not isinstance(callback, ModelCheckpoint) or callback.save_last is not True:
                 continue
-            if not getattr(callback, "_last_checkpoint_saved", ""):
+            written, step = last_checkpoint_state(callback)
+            if not written:
                 continue  # nothing written in this fit: ModelCheckpoint.on_train_end writes it
             # ModelCheckpoint writes last.ckpt in the same call as any checkpoint of a step
-            if getattr(callback, "_last_global_step_saved", None) == now[0] and self._saved_at == now:
+            if step == now[0] and self._saved_at == now:
                 continue
-            callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+            save_last_checkpoint(callback, trainer)

@@ -1,16 +1,4 @@
-"""Progress for a log file, and a model summary without the lines that say nothing here.
-
-Lightning's progress bar redraws one terminal line; written to a file (``fit ... > run.log``, a
-batch job) it shows nothing for minutes, then one garbled line. :class:`ProgressLines` prints plain
-lines instead, which the CLI installs in place of the bar whenever stdout is not a terminal::
-
-    iteration 10/300  reward 0.4312  3.21 s/it  ETA 15m 31s
-    iteration 50/300  held-out reward 0.4517  (validation 12.4 s)
-
-:class:`CompactModelSummary` replaces Lightning's start-up table: its FLOPs column is always 0 for
-this module (nothing runs a forward through ``TreeGRPOModule.forward``) and the train / eval mode
-counts describe adapters that are always in eval mode by design.
-"""
+"""Progress for a log file, and a model summary without the lines that say nothing here."""
 
 from __future__ import annotations
 
@@ -24,6 +12,8 @@ from lightning.pytorch.callbacks import Callback, ModelSummary
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
+
+from lit_treegrpo.core.interfaces import Iterations
 
 from .iterations import IterationLimit
 
@@ -39,10 +29,9 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressLines(Callback):
-    """One plain line every ``every_n_iterations`` training iterations (and after the first one,
-    and whenever ``every_n_seconds`` have passed since the last line): the iteration, the training
-    reward, seconds per iteration and the time left; and one line per validation with the held-out
-    reward. Rank zero prints, to ``stream`` (stdout by default), flushed at once.
+    """One plain line every ``every_n_iterations`` training iterations (and after the first one, and whenever
+    ``every_n_seconds`` have passed since the last line): the iteration, the training reward, seconds per iteration
+    and the time left; and one line per validation with the held-out reward.
 
     Args:
         every_n_iterations: iterations between two lines.
@@ -77,16 +66,15 @@ class ProgressLines(Callback):
         limits = [cb.max_iterations for cb in trainer.callbacks if isinstance(cb, IterationLimit)]
         if limits:
             return min(limits)
-        per_iteration = getattr(pl_module, "optimizer_steps_per_iteration", None)  # any LightningModule
+        per_iteration = pl_module.optimizer_steps_per_iteration if isinstance(pl_module, Iterations) else None
         if not per_iteration or trainer.max_steps is None or trainer.max_steps < 0:
             return None
         return pl_module.iteration + math.ceil(max(trainer.max_steps - trainer.global_step, 0) / per_iteration)
 
     def _eta(self, trainer: pl.Trainer, pl_module: pl.LightningModule, iteration: int, now: float) -> str:
-        """Time left from the fraction of the run done: iterations under an iteration limit, else
-        optimizer steps out of ``max_steps`` (an iteration makes a varying number of them), at the
-        pace of training alone (validations left out: the base model's, before the first
-        iteration, would otherwise count as training time)."""
+        """Time left from the fraction of the run done: iterations under an iteration limit, else optimizer steps out
+        of ``max_steps`` (an iteration makes a varying number of them), at the pace of training alone (validations
+        left out: the base model's, before the first iteration, would otherwise count as training time)."""
         assert self._start is not None
         t0, it0, steps0 = self._start
         total = self._total(trainer, pl_module)

@@ -1,32 +1,4 @@
-"""Reward statistics of every training step, epoch and validation, synchronised across ranks.
-
-Reads the :class:`~lit_treegrpo.core.samples.ScoredSamples` of ``training_step`` / ``validation_step``
-(``ScoredSamples.of(outputs)``): ``rewards`` [L] (total reward of each leaf image),
-``reward_components`` (name -> [L]; may be empty) and ``prompts`` (the prompt of each leaf).
-Statistics are torchmetrics states (count, sum, sum of squares, max, min) reduced over all
-data-parallel ranks when computed, so the logged values are those of the global batch.
-
-Logged (``<c>`` = each component):
-
-- per training step: ``reward/{mean,std,max,min}``, ``reward/<c>/{mean,std,max,min}``,
-  ``reward/prompt_best``, ``reward/prompt_worst`` (the best and worst per-prompt mean reward;
-  ``reward/<c>/prompt_best`` ... when ``prompt_key`` names a component);
-- per training epoch: the same names with ``_epoch`` appended (``reward/mean_epoch`` ...);
-- per validation run: ``val/reward/...`` and ``val/reward/prompt_{best,worst}``;
-- ``diversity`` (per training step, the spread of each prompt's leaves) and ``val/diversity`` (the
-  spread of each validation prompt's samples, when the module draws two or more per prompt:
-  ``TreeGRPOModule(val_samples=...)``), from the ``images`` of the samples
-  (:class:`SampleDiversity`). Tree leaves share their prefix, so ``diversity`` is lower than
-  ``val/diversity`` by design; either falling towards 0 signals a collapse.
-
-With ``MultiReward(aggregate="normalize_then_weight")`` the total is normalised within each prompt,
-so its per-prompt means are ~0 by construction: rank prompts by a component (``prompt_key``).
-
-``std`` is the population standard deviation, as in the advantage normalisation. A running table
-of per-prompt mean rewards over training (identical on every rank, saved for resume) is written as
-a TensorBoard text summary, best and worst prompts, at the end of every training epoch and
-validation; each validation also writes its own table (``val/reward/prompts``).
-"""
+"""Reward statistics of every training step, epoch and validation, synchronised across ranks."""
 
 from __future__ import annotations
 
@@ -83,11 +55,7 @@ class RewardStats(Metric):
 class SampleDiversity(Metric):
     """Within-prompt spread of images: for every prompt with two or more images, the mean pairwise
     RMS distance between them (pixels in [0, 1], images average-pooled to at most ``max_side``
-    pixels a side first, so that texture does not dominate), averaged over prompts.
-
-    0 means every prompt gets the same image (mode collapse, which RL tends towards); independent
-    samples of a healthy model score well above it. Reduced across processes by sum.
-    """
+    pixels a side first, so that texture does not dominate), averaged over prompts."""
 
     full_state_update = False
     higher_is_better = None
@@ -164,35 +132,27 @@ def format_table(rows: dict[str, tuple[float, ...]], columns: tuple[str, ...], k
     return f"{title}\n\n**best {k}**\n\n{header}{lines(numbered[:k])}\n**worst {k}**\n\n{header}{lines(numbered[-k:])}"
 
 
+#: best and worst prompts shown in the text tables
+TABLE_SIZE = 5
+
+
 class RewardMetrics(Callback):
     """Reward mean / std / max / min (and per component) per training step, epoch and validation.
 
     Args:
-        log_components: also log every entry of ``reward_components``.
-        per_prompt_extremes: log the best / worst per-prompt mean reward of each step and keep the
-            running per-prompt table.
         prompt_key: what ranks prompts: ``"reward"`` (the total) or ``"reward/<component>"``.
-        table_size: best and worst prompts shown in the text tables.
         diversity: log the within-prompt spread of the images (``diversity``, ``val/diversity``)
             when the samples carry ``images``.
     """
 
     def __init__(
         self,
-        log_components: bool = True,
-        per_prompt_extremes: bool = True,
         prompt_key: str = "reward",
-        table_size: int = 5,
         diversity: bool = True,
     ) -> None:
-        if table_size < 1:
-            raise ValueError(f"RewardMetrics.table_size must be >= 1, got {table_size}")
         if prompt_key != "reward" and not prompt_key.startswith("reward/"):
             raise ValueError(f"RewardMetrics.prompt_key must be 'reward' or 'reward/<component>', got {prompt_key!r}")
         self.prompt_key = prompt_key
-        self.log_components = log_components
-        self.per_prompt_extremes = per_prompt_extremes
-        self.table_size = table_size
         self.diversity = diversity
         self._diversity: dict[str, SampleDiversity] = {}  # phase -> metric
         self.table: dict[str, list[float]] = {}  # prompt -> [sum, count, last step's mean]
@@ -229,7 +189,7 @@ class RewardMetrics(Callback):
             raise ValueError(f"{where}: no leaf images (no prompts), nothing to measure")
         values = {"reward": samples.rewards}
         values.update({f"reward/{k}": v for k, v in samples.reward_components.items()})
-        if self.per_prompt_extremes and self.prompt_key not in values:
+        if self.prompt_key not in values:
             raise ValueError(
                 f"RewardMetrics.prompt_key={self.prompt_key!r} is not among this {where}'s rewards {sorted(values)}"
             )
@@ -257,7 +217,7 @@ class RewardMetrics(Callback):
         return metric
 
     def _logged(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
-        return values if self.log_components else {"reward": values["reward"]}
+        return values
 
     @staticmethod
     def _gather(trainer: pl.Trainer, obj: PromptStats) -> list[PromptStats]:
@@ -286,7 +246,7 @@ class RewardMetrics(Callback):
     def _running_table_text(self) -> str:
         rows = {p: (s / n, last, int(n)) for p, (s, n, last) in self.table.items()}
         title = f"per-prompt {self.prompt_key}, mean over training so far ({len(rows)} prompts)"
-        return format_table(rows, ("mean", "last step's mean", "leaves"), self.table_size, title)
+        return format_table(rows, ("mean", "last step's mean", "leaves"), TABLE_SIZE, title)
 
     # ------------------------------------------------------------------------ training
     @override
@@ -318,17 +278,17 @@ class RewardMetrics(Callback):
             diversity.reset()
             if torch.isfinite(value):
                 pl_module.log("diversity", value.float(), on_step=True, on_epoch=False)
-        if self.per_prompt_extremes:
-            merged = merge_sums(self._gather(trainer, per_prompt_sums(values[self.prompt_key], prompts)))
-            means = {p: s / n for p, (s, n) in merged.items()}
-            if means:
-                pl_module.log(f"{self.prompt_key}/prompt_best", max(means.values()), on_step=True, on_epoch=False)
-                pl_module.log(f"{self.prompt_key}/prompt_worst", min(means.values()), on_step=True, on_epoch=False)
-            for p, (s, n) in merged.items():
-                entry = self.table.setdefault(p, [0.0, 0.0, 0.0])
-                entry[0] += s
-                entry[1] += n
-                entry[2] = s / n
+        # the best / worst per-prompt mean reward of the step, and the running per-prompt table
+        merged = merge_sums(self._gather(trainer, per_prompt_sums(values[self.prompt_key], prompts)))
+        means = {p: s / n for p, (s, n) in merged.items()}
+        if means:
+            pl_module.log(f"{self.prompt_key}/prompt_best", max(means.values()), on_step=True, on_epoch=False)
+            pl_module.log(f"{self.prompt_key}/prompt_worst", min(means.values()), on_step=True, on_epoch=False)
+        for p, (s, n) in merged.items():
+            entry = self.table.setdefault(p, [0.0, 0.0, 0.0])
+            entry[0] += s
+            entry[1] += n
+            entry[2] = s / n
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -336,7 +296,7 @@ class RewardMetrics(Callback):
             if phase == "epoch" and metric.update_count > 0:
                 self._log_stats(pl_module, name, "_epoch", metric.compute(), on_step=False, on_epoch=True)
                 metric.reset()
-        if self.per_prompt_extremes and self.table:
+        if self.table:
             self._write_text(trainer, "reward/prompts", self._running_table_text(), pl_module.iteration)
 
     # ------------------------------------------------------------------------ validation
@@ -356,8 +316,7 @@ class RewardMetrics(Callback):
         for name, v in self._logged(values).items():
             self._metric("val", name, v.device).update(v)
         self._diversity_metric("val", samples)
-        if self.per_prompt_extremes:
-            self._val_prompts.append(per_prompt_sums(values[self.prompt_key], prompts))
+        self._val_prompts.append(per_prompt_sums(values[self.prompt_key], prompts))
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -377,8 +336,6 @@ class RewardMetrics(Callback):
         for name, metric in metrics.items():
             if metric.update_count > 0:
                 self._log_stats(pl_module, f"val/{name}", "", metric.compute(), on_step=False, on_epoch=True)
-        if not self.per_prompt_extremes:
-            return
         merged = merge_sums(self._gather(trainer, val_prompts))
         if merged:
             means = {p: s / n for p, (s, n) in merged.items()}
@@ -386,7 +343,7 @@ class RewardMetrics(Callback):
             pl_module.log(f"val/{self.prompt_key}/prompt_worst", min(means.values()), on_step=False, on_epoch=True)
             rows = {p: (s / n, int(n)) for p, (s, n) in merged.items()}
             title = f"validation {self.prompt_key} per prompt ({len(rows)} prompts)"
-            text = format_table(rows, ("mean", "images"), self.table_size, title)
+            text = format_table(rows, ("mean", "images"), TABLE_SIZE, title)
             self._write_text(trainer, "val/reward/prompts", text, pl_module.iteration)
         if self.table:
             self._write_text(trainer, "reward/prompts", self._running_table_text(), pl_module.iteration)

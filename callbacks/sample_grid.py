@@ -1,18 +1,4 @@
-"""A fixed grid of deterministic samples, logged to TensorBoard as training goes.
-
-Rows are prompts, columns are seeds; the same prompts and seeds at every logging step, so the grid
-shows the policy changing and nothing else. Sampling is the module's deterministic ODE sampler
-(``pl_module.sample``), with the EMA weights when an :class:`~lit_treegrpo.callbacks.EMA` callback
-applies to sample grids. With ``captions`` (the default) the logged image carries its prompts (one
-per row), its seeds (one per column) and each image's reward (``pl_module.reward``), drawn with
-PIL's bitmap font.
-
-Videos (a policy whose ``sample`` gives [P, F, 3, H, W], e.g. Wan) are logged as an animated GIF of the
-grid, frame by frame, in a TensorBoard image summary (``<tag>/video``; TensorBoard's Images tab plays
-it), written with PIL because ``add_video`` needs moviepy, and as a filmstrip image (``<tag>``: the grid
-at up to ``strip_frames`` evenly spaced frames, left to right; not captioned); ``save_png`` writes both
-under ``samples/`` (``step_*.gif``, ``step_*.png``).
-"""
+"""A fixed grid of deterministic samples, logged to TensorBoard as training goes."""
 
 from __future__ import annotations
 
@@ -63,18 +49,10 @@ def to_uint8_hwc(image: Tensor) -> Tensor:
 class SampleGridLogger(EveryNIterations):
     """Every ``every_n_steps`` training steps, sample ``prompts`` x ``seeds`` and log one grid.
 
-    Grids are made before the first training step (``log_at_start``; on a resumed run, at the
-    resume point), before every step whose index is a positive multiple of ``every_n_steps`` (i.e.
-    after that many completed steps, with the EMA of the step before it), and at the end of training.
-    Each is logged with ``add_image(tag, grid, global_step=iteration)`` to every TensorBoardLogger
-    and, with ``save_png``, written to ``<default_root_dir>/samples/step_{iteration:06d}.png``.
-    Every rank samples (a sharded model needs all ranks in its forward); rank zero writes.
-
     Args:
         prompts: one grid row each (default: four simple prompts).
         seeds: one grid column each, passed to ``pl_module.sample(prompts, seed)``.
         every_n_steps: training steps between two grids.
-        log_at_start: also log a grid before the first training step of a fit.
         tag: TensorBoard tag of the image (the prompt list goes to ``<tag>/prompts``).
         save_png: also save each grid as a PNG file.
         padding: pixels between and around the images of the grid.
@@ -91,7 +69,6 @@ class SampleGridLogger(EveryNIterations):
         prompts: Sequence[str] | None = None,
         seeds: Sequence[int] = (0, 1),
         every_n_steps: int = 50,
-        log_at_start: bool = True,
         tag: str = "samples",
         save_png: bool = True,
         padding: int = 2,
@@ -120,7 +97,6 @@ class SampleGridLogger(EveryNIterations):
         self.prompts = prompts
         self.seeds = [int(s) for s in seeds]
         self.every_n_steps = every_n_steps
-        self.log_at_start = log_at_start
         self.tag = tag
         self.save_png = save_png
         self.padding = padding
@@ -170,16 +146,11 @@ class SampleGridLogger(EveryNIterations):
 
     def captioned(self, pl_module: pl.LightningModule, cells: Tensor, iteration: int) -> Any:
         """The captioned grid (a PIL image) of ``cells`` [P, S, 3, H, W]."""
-        reward = getattr(pl_module, "reward", None)
-        rewards = None
-        if reward is not None and hasattr(reward, "score"):
-            P, S = cells.shape[:2]
-            full = cells[:, :, :, :: self.scale, :: self.scale].flatten(0, 1)  # [P*S, 3, H, W] unscaled
-            with torch.no_grad():
-                scores = reward.score(
-                    full.to(pl_module.device), [p for p in self.prompts for _ in range(S)], check=False
-                )
-            rewards = scores.total.float().cpu().view(P, S)
+        P, S = cells.shape[:2]
+        full = cells[:, :, :, :: self.scale, :: self.scale].flatten(0, 1)  # [P*S, 3, H, W] unscaled
+        with torch.no_grad():
+            scores = pl_module.score(full.to(pl_module.device), [p for p in self.prompts for _ in range(S)])
+        rewards = scores.float().cpu().view(P, S)
         labels = [f"seed {s}" for s in self.seeds]
         title = f"iteration {iteration}" + ("   (reward under each image)" if rewards is not None else "")
         return captioned_grid(cells, self.prompts, labels, rewards, padding=max(self.padding, 2), title=title)

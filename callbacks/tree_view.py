@@ -1,19 +1,4 @@
-"""A picture of the tree the policy grows for one fixed prompt, logged as training goes.
-
-Every ``every_n_steps`` training iterations (and before the first), :class:`TreeView` has the
-module grow the run's tree for one prompt from a fixed seed with the training weights
-(``pl_module.grow``, the first half of a training step, so the iteration's tree, the run's reward,
-its advantage estimator and the pruning that iteration trains with, with no second copy of that code
-here to drift from it: a :class:`~lit_treegrpo.training.growth.GrownTree`), and draws it
-(:func:`~lit_treegrpo.callbacks.drawing.draw_tree`): root on top, one row per depth of recorded
-edges, each edge's advantage, the pruned edges greyed and crossed, each leaf's image and reward at
-the bottom. The image goes to TensorBoard (``add_image(tag, ...,
-global_step=iteration)``) and to ``<default_root_dir>/samples/tree_{iteration:06d}.png``.
-
-It draws its own noise from its own generators and changes no state of the module, so a run with it
-trains exactly as a run without it. A video adapter's leaves ([L, F, 3, H, W] decoded) are drawn by
-their middle frame.
-"""
+"""A picture of the tree the policy grows for one fixed prompt, logged as training goes."""
 
 from __future__ import annotations
 
@@ -40,7 +25,6 @@ class TreeView(EveryNIterations):
         prompt: the prompt whose tree is drawn, the same at every logging step.
         seed: seeds the root noise and every SDE draw of the drawn tree.
         every_n_steps: training iterations between two pictures.
-        log_at_start: also draw before the first training iteration of a fit.
         tag: TensorBoard tag of the image.
         save_png: also write each picture to ``samples/tree_{iteration:06d}.png``.
         scale: enlarge every leaf image by this integer factor (16 px Shapes images need 3-4).
@@ -51,7 +35,6 @@ class TreeView(EveryNIterations):
         prompt: str = "a red circle",
         seed: int = 0,
         every_n_steps: int = 50,
-        log_at_start: bool = True,
         tag: str = "tree",
         save_png: bool = True,
         scale: int = 1,
@@ -68,7 +51,6 @@ class TreeView(EveryNIterations):
         self.prompt = prompt
         self.seed = int(seed)
         self.every_n_steps = every_n_steps
-        self.log_at_start = log_at_start
         self.tag = tag
         self.save_png = save_png
         self.scale = int(scale)
@@ -85,8 +67,8 @@ class TreeView(EveryNIterations):
     def grow(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
         """The module's tree of :attr:`prompt` with the current weights (``pl_module.grow``: rolled
         out, scored, backed up and pruned as a training step does), from this callback's seed: a
-        :class:`~lit_treegrpo.training.growth.GrownTree` (the callbacks may not import the module)."""
-        return pl_module.grow([self.prompt], [seeded(self.seed, device=pl_module.adapter.device)])
+        :class:`~lit_treegrpo.core.samples.GrownTree` (the module is a ``PolicyModule``)."""
+        return pl_module.grow([self.prompt], [seeded(self.seed, device=pl_module.device)])
 
     def picture(self, grown: Any, iteration: int) -> Any:
         """The drawn tree (a PIL image) of :meth:`grow`'s result."""
@@ -98,8 +80,7 @@ class TreeView(EveryNIterations):
             f"tree: {spec.num_trees} root(s), branching {spec.branching} at steps {list(spec.branch_steps)}"
             + (f", SDE steps {list(spec.sde_steps)}" if spec.sde_steps else "")
             + "; "
-            f"pruning: {pruning.width} width"
-            + (f", depth {pruning.depth_window} {pruning.depth_mode}" if pruning.depth_window else ""),
+            f"pruning: {describe_pruning(pruning)}",
             "edges: green advantage >= 0, red < 0, grey with x = pruned; the number under a node is its edge's advantage",
         ]
         cpu = lambda t: t.detach().cpu()  # noqa: E731
@@ -136,3 +117,14 @@ class TreeView(EveryNIterations):
     # ------------------------------------------------------------------------ hooks: EveryNIterations
     def log_at(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.log_tree(trainer, pl_module)
+
+
+def describe_pruning(pruning: Any) -> str:
+    """The tree view's words for an iteration's pruning: ``none``, or what prunes
+    (``parent_top1 width, depth (1, 3) drop, steps [0, 1]``)."""
+    parts = [f"{pruning.width} width"] if pruning.width != "none" else []
+    if pruning.depth_window:
+        parts.append(f"depth {pruning.depth_window} {pruning.depth_mode}")
+    if pruning.steps is not None:
+        parts.append(f"steps {list(pruning.steps)}")
+    return ", ".join(parts) or "none"

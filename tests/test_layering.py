@@ -78,18 +78,19 @@ def _lit_imports(path: Path) -> set[str]:
     return {name for name in found if name.startswith("lit_treegrpo")}
 
 
-def test_the_shapes_world_imports_run_one_way() -> None:
-    # world -> (model, reward) -> pretraining: nothing below imports anything above it
-    world = _lit_imports(REPO / "lit_treegrpo" / "shapes" / "world.py")
-    model = _lit_imports(REPO / "lit_treegrpo" / "models" / "shapes.py")
-    reward = _lit_imports(REPO / "lit_treegrpo" / "rewards" / "shapes.py")
-    pretrain = _lit_imports(REPO / "lit_treegrpo" / "shapes" / "pretrain.py")
+def test_the_shapes_testbed_is_one_folder_whose_imports_run_one_way() -> None:
+    # world -> (model, reward) -> pretraining, all in shapes/; models/ and rewards/ import none of it
+    folder = REPO / "lit_treegrpo" / "shapes"
+    world = _lit_imports(folder / "world.py")
+    model, reward, pretrain = (_lit_imports(folder / f"{name}.py") for name in ("model", "reward", "pretrain"))
     assert world == set()
     for layer in (model, reward):
-        assert "lit_treegrpo.shapes.world" in layer or "lit_treegrpo.shapes" in layer
+        assert "lit_treegrpo.shapes" in layer or "lit_treegrpo.shapes.world" in layer
         assert not any("pretrain" in name for name in layer)
-    assert {"lit_treegrpo.models.shapes", "lit_treegrpo.rewards.shapes"} <= pretrain
-    assert not _lit_imports(REPO / "lit_treegrpo" / "shapes" / "__init__.py")
+    assert {"lit_treegrpo.shapes.model", "lit_treegrpo.shapes.reward"} <= pretrain
+    assert not _lit_imports(folder / "__init__.py")
+    for path in [*(REPO / "lit_treegrpo" / "models").glob("*.py"), *(REPO / "lit_treegrpo" / "rewards").glob("*.py")]:
+        assert not any(name.startswith("lit_treegrpo.shapes") for name in _lit_imports(path)), path
     code = (
         "import sys, lit_treegrpo.shapes.world\nprint(sorted(m for m in sys.modules if m.startswith('lit_treegrpo.')))"
     )
@@ -103,9 +104,9 @@ def test_the_shapes_world_imports_run_one_way() -> None:
 ALLOWED = {
     "common": set(),
     "core": set(),
-    "models": {"core", "common", "shapes"},  # the Shapes adapter renders with the Shapes world
-    "rewards": {"core", "common", "shapes", "models"},  # models: the tiny offline tokenizer of the tests' rewards
-    "shapes": {"core", "common", "models", "rewards"},  # pre-training only; the world imports nothing (test above)
+    "models": {"core", "common"},
+    "rewards": {"core", "common", "models"},  # models: the tiny offline tokenizer of the tests' rewards
+    "shapes": {"core", "common", "models", "rewards"},  # the Shapes model and reward on their base classes
     "data": {"common"},
     "training": {"core", "common", "models", "rewards", "data"},
     "runs": {"common", "models"},  # models: the export's formats
@@ -252,6 +253,10 @@ def test_every_folder_is_a_package_that_installs_and_says_what_it_may_import() -
 
     listed = re.search(r"^packages = \[(.*?)\]", (REPO / "pyproject.toml").read_text(), flags=re.M | re.S)
     packages = set(re.findall(r'"([\w.]+)"', listed.group(1)))
+    # the shipped configs install as data folders (no module): `--config shapes` from a wheel
+    data = {"lit_treegrpo.configs", "lit_treegrpo.configs.methods"}
+    assert data <= packages and not list((REPO / "configs").rglob("*.py"))
+    packages -= data
     folders = {f"lit_treegrpo.{p.parent.name}" for p in (REPO / "lit_treegrpo").glob("*/__init__.py")}
     assert packages == {"lit_treegrpo", "lit_treegrpo.callbacks", *folders}, (
         "pyproject's packages and the folders differ"

@@ -1,4 +1,7 @@
-"""The private Lightning API this project overrides or reads, named in one place.
+"""The private Lightning API this project overrides or reads, pinned here. The members the package
+reads are named once, in lit_treegrpo/common/lightning_private.py (each function there names its
+test below); the LightningCLI overrides live in cli/app.py and the TensorBoard logger's in
+runs/run_folder.py, where a subclass needs them.
 
 Lightning does not promise these across releases (pyproject caps ``lightning`` at the newest minor
 version tested). Each test pins one of them: it exists in the installed Lightning with the
@@ -93,6 +96,15 @@ def test_model_parallel_strategy_keeps_the_distributed_checkpoint_flag_the_modul
     # TreeGRPOModule.configure_model refuses save_distributed_checkpoint=True through it
     assert ModelParallelStrategy(save_distributed_checkpoint=True)._save_distributed_checkpoint is True
     assert ModelParallelStrategy(save_distributed_checkpoint=False)._save_distributed_checkpoint is False
+
+
+def test_validation_inside_a_fit_uses_the_loop_members_we_call() -> None:
+    # lightning_private.validate_inside_fit does what the training epoch loop does around a validation
+    from lightning.pytorch.loops import _TrainingEpochLoop
+    from lightning.pytorch.trainer.connectors.logger_connector import _LoggerConnector
+
+    assert "self.val_loop.run()" in inspect.getsource(_TrainingEpochLoop)
+    assert "self._first_loop_iter" in inspect.getsource(_LoggerConnector)
 
 
 def test_a_lightning_module_without_a_trainer_has_a_none_trainer_attribute() -> None:

@@ -156,16 +156,26 @@ def _without_field_defaults(options: dict[str, Any], cls: type) -> dict[str, Any
     return {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}
 
 
+#: callback options removed since runs were recorded, at the value every run had while they existed
+REMOVED_CALLBACK_DEFAULTS = {"extreme_n": 1}
+
+
 def _without_defaults(callback: dict[str, Any]) -> dict[str, Any]:
     """A callback's configuration without the options at their defaults: an option added later,
-    at a default that keeps the old behaviour, leaves the cached runs' identity as it was."""
+    at a default that keeps the old behaviour, or removed at the value it had
+    (:data:`REMOVED_CALLBACK_DEFAULTS`), leaves the cached runs' identity as it was."""
     module, _, name = callback["class_path"].rpartition(".")
     defaults = {
         k: p.default
         for k, p in inspect.signature(getattr(importlib.import_module(module), name)).parameters.items()
         if p.default is not inspect.Parameter.empty
     }
-    args = {k: v for k, v in (callback.get("init_args") or {}).items() if k not in defaults or v != defaults[k]}
+    removed = {k: v for k, v in REMOVED_CALLBACK_DEFAULTS.items() if k not in defaults}
+    args = {
+        k: v
+        for k, v in (callback.get("init_args") or {}).items()
+        if (k not in defaults or v != defaults[k]) and (k not in removed or v != removed[k])
+    }
     return {**callback, "init_args": args}
 
 

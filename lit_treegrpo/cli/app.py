@@ -31,7 +31,12 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
 - A fit never destroys an earlier one (:mod:`lit_treegrpo.runs.run_folder`): a folder that holds a run
   is resumed (``--ckpt_path last``) or explicitly started over (``--overwrite true``), a second live
   fit in the same folder is refused, and each fit's config is saved beside, never over, the
-  earlier ones; other commands save no config.
+  earlier ones, and handed to every logger (:mod:`lit_treegrpo.cli.config_record`); other commands
+  save no config.
+- Before any of this is imported, ``cli.main`` checks a real model's weights, then the rewards'
+  extras (:mod:`lit_treegrpo.cli.first_checks`), which also resolves ``--config shapes`` to a
+  shipped config. Lightning's own ``--optimizer`` / ``--lr_scheduler`` are left out (the module's
+  are ``--model.optimizer`` / ``--model.lr_scheduler``), and refused by name.
 - One rule for errors: whatever comes from the configuration, the files or the environment (a
   parse or YAML error, a bad value, any ``OSError``: a missing or unreadable file, a full disk, a
   folder that cannot be created; a checkpoint of any kind that cannot be loaded; Lightning's
@@ -66,7 +71,6 @@ from ..data.datamodule import PromptDataModule
 from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, intact_checkpoints, read_checkpoint
 from ..runs.export import check_out
 from ..runs.run_folder import (
-    RunConfigRecord,
     RunFolderError,
     RunLock,
     RunTensorBoardLogger,
@@ -77,7 +81,9 @@ from ..runs.run_folder import (
 )
 from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
-from .commands import ExportCommand, choose_weights, export_checkpoint, say_which_weights
+from .commands import ExportCommand, add_command_options, choose_weights, export_checkpoint, say_which_weights
+from .config_record import LoggedConfigRecord
+from .first_checks import DEBUG_ENV, asks_for_help, resolve_config_names
 from .run_output import (
     MAX_ITERATIONS_HELP,
     MAX_STEPS_HELP,
@@ -86,6 +92,8 @@ from .run_output import (
     loggers_in_run_folder,
     output_callbacks,
     quiet_known_warnings,
+    quiet_startup,
+    report_interrupts,
 )
 from .user_errors import (
     RUN_FAULTS,
@@ -101,14 +109,16 @@ from .user_errors import (
 )
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
-DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
 
 
 class TreeGRPOCLI(LightningCLI):
     """LightningCLI with fixed run folders and honest resume (see the module docstring)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
-        set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        # the options' descriptions come from the attributes' docstrings, which jsonargparse reads
+        # from the sources (seconds at every start): only --help shows them
+        set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(args))
+        quiet_startup()  # log filters only (a notebook builds the CLI without main)
         use_checked_yaml()  # no duplicate key, aliases bounded, in every YAML jsonargparse reads
         self._verified: str | None = None  # the --ckpt_path file already checked
         self._checkpoint: dict[str, Any] | None = None  # what was read from it, handed to its users
@@ -123,7 +133,10 @@ class TreeGRPOCLI(LightningCLI):
                 args=args,
                 run=run,
                 parser_class=OneLineParser,
-                save_config_callback=RunConfigRecord,
+                save_config_callback=LoggedConfigRecord,
+                # the module builds its optimizer from --model.optimizer / --model.lr_scheduler:
+                # Lightning's own --optimizer / --lr_scheduler would be accepted and then ignored
+                auto_configure_optimizers=False,
                 parser_kwargs={
                     "prog": "python -m lit_treegrpo",
                     "description": "Tree-structured GRPO for diffusion and flow models (TreeGRPO, BranchGRPO).",
@@ -158,29 +171,7 @@ class TreeGRPOCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        if subcommand in ("validate", "test", "predict"):
-            parser.add_argument(
-                "--raw_weights",
-                type=bool,
-                default=False,
-                help=(
-                    "Evaluate the checkpoint's training weights. By default a checkpoint of a run with an "
-                    "EMA callback is evaluated with its EMA weights, as fit validated it."
-                ),
-            )
-        if subcommand == "fit":
-            parser.add_argument(
-                "--overwrite",
-                type=bool,
-                default=False,
-                help=(
-                    "Start a new run in a --trainer.default_root_dir that already holds one "
-                    "(checkpoints/last.ckpt): the files a fit writes in its checkpoints/, tensorboard/ and "
-                    "samples/ are deleted once the new run's model has loaded (other files stay; a sub-folder "
-                    "that is a symbolic link is refused). Without it such a fit is refused; --ckpt_path last "
-                    "resumes the run instead."
-                ),
-            )
+        add_command_options(parser, subcommand)  # --raw_weights, --overwrite
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -188,11 +179,16 @@ class TreeGRPOCLI(LightningCLI):
         # string>"; read each one first, so the message names the file
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, (list, tuple)):
+            argv = resolve_config_names(list(argv))  # --config shapes: the shipped configs/shapes.yaml
             files = config_files(argv)
             OneLineParser.config_sources = tuple((f, os.path.abspath(f)) for f in files)
             for path in files:
                 check_yaml_file(path)
             check_yaml_values(argv)
+            if args is None:
+                sys.argv[1:] = argv  # Lightning warns about an args list given beside a command line
+            else:
+                args = argv
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -325,6 +321,7 @@ class TreeGRPOCLI(LightningCLI):
             callbacks = [*callbacks, CheckpointOnInterrupt()]
         if not any(isinstance(c, KeepLastCheckpoint) for c in everything):
             callbacks = [*callbacks, KeepLastCheckpoint()]
+        report_interrupts([c for c in [*everything, *callbacks] if isinstance(c, CheckpointOnInterrupt)])
         if config.get("logger") in (None, True):
             # no placeholder hp_metric: it would open the event file before anything is measured
             config["logger"] = RunTensorBoardLogger(

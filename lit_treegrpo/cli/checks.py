@@ -1,12 +1,6 @@
 """The checks of a parsed configuration that need no weights: :func:`check_config`, which the CLI
 runs before any model loads (minutes for SD3.5), so that a bad value fails in one line naming the
-option instead of after the load or deep inside the first training step.
-
-The Trainer's options follow the same rule as the module's
-(:func:`~lit_treegrpo.cli.trainer_checks.check_trainer`). So do the optimizer's arguments (:func:`check_optimizer`: torch refuses ``lr -1`` only
-when the optimizer is built, as ``Invalid learning rate: -1.0``) and the arguments of the rewards'
-loaders (``--model.reward_kwargs``).
-"""
+option instead of after the load or deep inside the first training step."""
 
 from __future__ import annotations
 
@@ -28,8 +22,8 @@ from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
 from ..rewards import REWARDS, check_reward_names
 from ..training.faults import FaultPolicy
-from ..training.health import HealthChecks
 from ..training.memory_guard import MemoryGuard
+from ..training.prompt_cache import PromptCacheSettings
 from ..training.resume import (
     ADAPTER_MEMORY_OPTIONS,
     check_resumable,
@@ -38,7 +32,7 @@ from ..training.resume import (
     plain,
     reward_record,
 )
-from ..training.settings import AdvantageSettings, check_settings
+from ..training.settings import AdvantageSettings, UpdateSettings, check_val_samples
 from .trainer_checks import check_trainer, data_parallel_world, is_number
 from .user_errors import UserError
 
@@ -59,6 +53,14 @@ def _build(option: str, make: Any) -> Any:
         return make()
     except (ValueError, TypeError) as err:
         raise UserError(f"{option}: {err}") from err
+
+
+def _build_named(prefix: str, make: Any) -> Any:
+    """``make()``, its ``ValueError`` (which names the option) prefixed by ``prefix`` (``--model.``)."""
+    try:
+        return make()
+    except ValueError as err:
+        raise UserError(f"{prefix}{err}") from err
 
 
 def _nan_options(value: Any, option: str) -> list[str]:
@@ -137,11 +139,10 @@ def check_paths(config: Any) -> None:
 
 
 def check_config(config: Any, subcommand: str | None = None) -> None:
-    """Everything the run's options say that can be checked without weights: no NaN anywhere, the
-    trainer's options (for ``subcommand``; None: as for fit), the tree, advantage, loss,
-    fault and memory settings, the optimizer's arguments, the reward names, their loaders'
-    arguments and their extras, the prompts, the batch sizes against the world size. Raises
-    :class:`UserError` / ``ValueError`` (one line)."""
+    """Everything the run's options say that can be checked without weights: no NaN anywhere, the trainer's options
+    (for ``subcommand``; None: as for fit), the tree, advantage, loss, fault and memory settings, the optimizer's
+    arguments, the reward names, their loaders' arguments and their extras, the prompts, the batch sizes against the
+    world size."""
     # YAML's .nan parses as a float, and would surface (if at all) as a NaN reward or a message
     # from deep inside the optimizer that names no option
     nans = [
@@ -159,13 +160,16 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     check_reward_arguments(names, _plain(model.get("reward_kwargs")) or {})
     check_optimizer(model.get("optimizer"), "--model.optimizer")
     check_optimizer(config.get("optimizer"), "--optimizer")  # LightningCLI's own, when given
+    # the module's own option objects, built as the module builds them (each checks itself)
     tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
-    limits = _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
+    _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
     _build("--model.advantage", lambda: AdvantageSettings(**_plain(model["advantage"])))
     _build("--model.faults", lambda: FaultPolicy(**_plain(model["faults"])))
     _build("--model.memory_guard", lambda: MemoryGuard(**_plain(model["memory_guard"])))
-    _build("--model.health", lambda: HealthChecks(**_plain(model["health"])))
+    _build("--model.prompt_cache", lambda: PromptCacheSettings(**_plain(model["prompt_cache"])))
     loss = _build("--model.loss", lambda: _loss(model.get("loss")))
+    _build_named("--model.", lambda: UpdateSettings.of(model))
+    _build_named("--model.", lambda: check_val_samples(model["val_samples"]))
     adapter = model.get("adapter")
     adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
     adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
@@ -175,25 +179,10 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
         except ValueError as err:  # another num_steps (named already), or a step out of the adapter's range
             text = str(err)
             raise UserError(text if text.startswith("--model.") else f"--model.tree: {text}") from err
-    try:
-        check_settings(
-            tree,
-            minibatches=model["minibatches"],
-            accumulate=model["accumulate"],
-            inner_epochs=model["inner_epochs"],
-            grad_clip=model["grad_clip"],
-            val_samples=model["val_samples"],
-            edges_per_update=model["edges_per_update"],
-            limits=limits,
-            prefix="--model.",
-        )
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    if loss is not None:
-        try:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
-            check_kl_reference(loss.kl_beta, has_lora=adapter_args.get("lora", True) is not None, prefix="--model.")
-        except ValueError as err:
-            raise UserError(str(err)) from err
+    _build_named("", lambda: tree.check_trains(prefix="--model."))
+    if loss is not None:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
+        has_lora = adapter_args.get("lora", True) is not None
+        _build_named("", lambda: check_kl_reference(loss.kl_beta, has_lora=has_lora, prefix="--model."))
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")
@@ -232,10 +221,9 @@ _DEVICE_ARGS = ("fused", "foreach", "capturable", "differentiable")
 
 
 def check_optimizer(spec: Any, option: str) -> None:
-    """Refuse bad arguments of a ``class_path`` / ``init_args`` optimizer in one line naming the
-    argument: those torch checks only when the optimizer is built (after the model loaded) and
-    those it accepts although they train nothing or give NaN (``lr 0``, ``eps 0``). The optimizer
-    is then built on one scalar parameter, for the checks of other classes."""
+    """Refuse bad arguments of a ``class_path`` / ``init_args`` optimizer in one line naming the argument: those torch
+    checks only when the optimizer is built (after the model loaded) and those it accepts although they train
+    nothing or give NaN (``lr 0``, ``eps 0``)."""
     spec = _plain(spec)
     if not isinstance(spec, dict) or "class_path" not in spec:
         return
@@ -350,11 +338,9 @@ def configured_fingerprint(config: Any) -> dict[str, Any]:
 
 
 def check_resume_options(config: Any, checkpoint: Mapping[str, Any], ckpt_path: str, *, fitting: bool = True) -> None:
-    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads), or
-    another command that loads it (not ``fitting``): refuse an option it may not change
-    (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``, one line, with the fix for
-    that command). The module checks again when the checkpoint loads, with what only the model knows
-    (the trainable tensors), and a checkpoint that records none of this is left to it."""
+    """A fit that resumes ``checkpoint`` (read from ``ckpt_path`` once, before any model loads), or another command
+    that loads it (not ``fitting``): refuse an option it may not change
+    (:func:`lit_treegrpo.training.resume.check_resumable`; ``ValueError``, one line, with the fix for that command)."""
     saved = fingerprint_of(checkpoint)
     if saved is not None:
         check_resumable(

@@ -1,8 +1,8 @@
-"""What the commands beyond Lightning's ``fit`` add: ``export``'s options (:class:`ExportCommand`,
-whose signature the CLI builds them from) and the command itself (:func:`export_checkpoint`;
-:mod:`lit_treegrpo.runs.export` writes the files), and which weights ``validate`` / ``test`` /
-``predict`` evaluate (:func:`choose_weights`: a checkpoint's EMA weights when its run had an EMA, as
-fit validated)."""
+"""What the commands add to Lightning's: ``export``'s options (:class:`ExportCommand`, whose signature the CLI builds
+them from) and the command itself (:func:`export_checkpoint`; :mod:`lit_treegrpo.runs.export` writes the files), the
+options of the others (:func:`add_command_options`: ``fit --overwrite``, ``--raw_weights``), and which weights
+``validate`` / ``test`` / ``predict`` evaluate (:func:`choose_weights`: a checkpoint's EMA weights when its run had
+an EMA, as fit validated)."""
 
 from __future__ import annotations
 
@@ -30,19 +30,36 @@ class ExportCommand:
         ema: bool = False,
         overwrite: bool = False,
     ) -> None:
-        """Write a checkpoint's trained weights in the model family's diffusers format, with a card.
-
-        Args:
-            model: the run's model, from --config (the checkpoint holds the trainable weights only).
-            datamodule: unused.
-            ckpt_path: the checkpoint: ``last`` (``<default_root_dir>/checkpoints/last.ckpt``) or a file.
-            out: the folder to write: new or empty (an earlier export there needs --overwrite true).
-            merged: write the full denoiser with the LoRA merged in, instead of the LoRA alone.
-            ema: also write the run's EMA weights (``<out>/ema``); the run must have had an EMA callback.
-            overwrite: replace an earlier export in --out: only the files it wrote (listed in its
-                export.json); other files there stay.
-        """
+        """Write a checkpoint's trained weights in the model family's diffusers format, with a card."""
         raise NotImplementedError("run through python -m lit_treegrpo export")  # the CLI runs it itself
+
+
+def add_command_options(parser: Any, subcommand: str) -> None:
+    """The options a subcommand has beside its Trainer method's: ``--raw_weights`` for validate /
+    test / predict, ``--overwrite`` for fit."""
+    if subcommand in ("validate", "test", "predict"):
+        parser.add_argument(
+            "--raw_weights",
+            type=bool,
+            default=False,
+            help=(
+                "Evaluate the checkpoint's training weights. By default a checkpoint of a run with an "
+                "EMA callback is evaluated with its EMA weights, as fit validated it."
+            ),
+        )
+    if subcommand == "fit":
+        parser.add_argument(
+            "--overwrite",
+            type=bool,
+            default=False,
+            help=(
+                "Start a new run in a --trainer.default_root_dir that already holds one "
+                "(checkpoints/last.ckpt): the files a fit writes in its checkpoints/, tensorboard/ and "
+                "samples/ are deleted once the new run's model has loaded (other files stay; a sub-folder "
+                "that is a symbolic link is refused). Without it such a fit is refused; --ckpt_path last "
+                "resumes the run instead."
+            ),
+        )
 
 
 def export_checkpoint(
@@ -54,10 +71,9 @@ def export_checkpoint(
     *,
     adapter_config: Any = None,
 ) -> None:
-    """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``,
-    then written out with ``options`` (``out``, ``merged``, ``ema``, ``overwrite``); the card's rewards come from
-    the run's TensorBoard events under ``root``, its base model from ``adapter_config`` (the
-    configured adapter's namespace)."""
+    """``export``: ``checkpoint``'s weights (read from ``ckpt_path``) into the configured ``model``, then written out
+    with ``options`` (``out``, ``merged``, ``ema``, ``overwrite``); the card's rewards come from the run's
+    TensorBoard events under ``root``, its base model from ``adapter_config`` (the configured adapter's namespace)."""
     restore(model, checkpoint)
     ema = ema_state(checkpoint) if options["ema"] else None
     if options["ema"] and ema is None:

@@ -4,9 +4,11 @@
   :class:`~lit_treegrpo.callbacks.ProgressLines`, since a bar written to a file shows nothing for
   minutes.
 - Start-up: :class:`~lit_treegrpo.callbacks.CompactModelSummary` replaces Lightning's table, and
-  :func:`quiet_startup` drops log lines that carry nothing for a user of this project (an
-  advertisement for a logging service; transformers' note that it falls back to its PIL image
-  processors, which is what the rewards use).
+  :func:`quiet_startup` drops log lines that carry nothing for a user of this project (Lightning's
+  note on summary callbacks; transformers' note that it falls back to its PIL image processors,
+  which is what the rewards use; the advertisement for a logging service is the package's own filter).
+- Interrupts: a Ctrl-C is said as such, without Lightning's ``Received SIGTERM: 15``
+  (:func:`report_interrupts`); a resume, without its warning that ``checkpoints/`` is not empty.
 - Where: W&B and MLflow loggers left at their defaults write into the run folder (:func:`loggers_in_run_folder`).
 - Length: ``--max_iterations`` counts training iterations (:class:`~lit_treegrpo.callbacks.IterationLimit`),
   ``--trainer.max_steps`` Lightning's optimizer steps; the ``--help`` of both says which is which.
@@ -26,7 +28,10 @@ from lightning.pytorch.callbacks.rich_model_summary import RichModelSummary
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks import CompactModelSummary, IterationLimit, ProgressLines
+from ..common.logs import drop_messages
 
+#: the logger Lightning reports a SIGTERM on
+SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connector"
 MAX_ITERATIONS_HELP = (
     "Stop a fit after this many training iterations (one iteration = one rollout of the tree for a "
     "batch of prompts and its policy updates), a resumed run's included; replaces "
@@ -40,41 +45,58 @@ MAX_STEPS_HELP = (
     "Use --max_iterations to count iterations. -1: no limit."
 )
 
-#: start-up log lines to drop: (logger name, text the message contains)
+#: start-up log lines to drop: (logger name, text the message contains); Lightning's advertisement
+#: for its cloud logger is dropped by the package itself, on import (``lit_treegrpo/__init__.py``)
 QUIET_LOGS = (
-    ("lightning.pytorch.utilities.rank_zero", "try installing [litlogger]"),
-    ("lightning.fabric.utilities.rank_zero", "try installing [litlogger]"),
     ("lightning.pytorch.utilities.rank_zero", "Trainer already configured with model summary callbacks"),
     ("lightning.fabric.utilities.rank_zero", "Trainer already configured with model summary callbacks"),
     ("transformers.utils.import_utils", "requires torchvision (not installed); falling back to"),
 )
 
 
-class _DropMessages(logging.Filter):
-    def __init__(self, fragment: str) -> None:
+def quiet_startup() -> None:
+    """Install the log filters of :data:`QUIET_LOGS` (once per process: called by ``cli.main`` and
+    :class:`~lit_treegrpo.cli.app.TreeGRPOCLI`, which a notebook builds without it)."""
+    drop_messages(QUIET_LOGS)
+
+
+class InterruptNotSigterm(logging.Filter):
+    """Drops Lightning's ``Received SIGTERM: 15`` when the signal was a Ctrl-C: the
+    :class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt` callbacks (``interrupts``) turn a first
+    Ctrl-C into a SIGTERM to the process, Lightning's own graceful stop, and have already said
+    "Ctrl-C: stopping after the current step ...". A real SIGTERM is still reported."""
+
+    def __init__(self, interrupts: list[Any]) -> None:
         super().__init__()
-        self.fragment = fragment
+        self.interrupts = interrupts
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.fragment not in record.getMessage()
+        if "Received SIGTERM" not in record.getMessage():
+            return True
+        return not any(getattr(cb, "_stopping", False) for cb in self.interrupts)
 
 
-def quiet_startup() -> None:
-    """Install the log filters of :data:`QUIET_LOGS` (once per process: called by ``cli.main``)."""
-    for name, fragment in QUIET_LOGS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) and f.fragment == fragment for f in logger.filters):
-            logger.addFilter(_DropMessages(fragment))
+def report_interrupts(interrupts: list[Any]) -> None:
+    """Install :class:`InterruptNotSigterm` for these callbacks on Lightning's signal logger (in
+    place of one an earlier Trainer of this process installed)."""
+    logger = logging.getLogger(SIGNAL_LOGGER)
+    for old in [f for f in logger.filters if isinstance(f, InterruptNotSigterm)]:
+        logger.removeFilter(old)
+    logger.addFilter(InterruptNotSigterm(interrupts))
 
 
 def quiet_known_warnings() -> None:
     """Silence, for the whole process, the warnings that say nothing a user can act on. Both
     Lightning warnings are by design here: adapters keep every submodule in eval mode (no dropout
     in the policy), and the prompt stream is a pure function of the step, with nothing for loader
-    workers to do. The third is Lightning's own use of a torch API it has not caught up with."""
+    workers to do. The third is Lightning's own use of a torch API it has not caught up with. The
+    fourth, that ``checkpoints/`` is not empty, is what a resume finds by design; a fit that would
+    write over another run is refused before that (:mod:`lit_treegrpo.runs.run_folder`)."""
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # the run folder's rules decide what a fit may find in checkpoints/ (a resume finds its own)
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     quiet_startup()
 
 

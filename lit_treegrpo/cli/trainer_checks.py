@@ -1,11 +1,5 @@
 """The Trainer's options checked before any model loads (:func:`check_trainer`, run by
-:func:`~lit_treegrpo.cli.checks.check_config`), in one line naming the option and the fix.
-
-Lightning checks some of them only once the model has loaded, in messages that name its internals
-(``Timer(duration='abc')``), some not at all (``log_every_n_steps 0`` silently logs nothing,
-``val_check_interval 0`` never validates), and one of them (``devices -1`` on a CPU) ends in a
-traceback.
-"""
+:func:`~lit_treegrpo.cli.checks.check_config`), in one line naming the option and the fix."""
 
 from __future__ import annotations
 
@@ -94,6 +88,24 @@ def _batch_limit(trainer: dict[str, Any], name: str) -> None:
         )
 
 
+def _batch_limits(trainer: dict[str, Any], subcommand: str | None) -> None:
+    """Every ``limit_*_batches`` and ``overfit_batches``, and the running command's own limit not 0."""
+    for name in (
+        "limit_train_batches",
+        "limit_val_batches",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "overfit_batches",
+    ):
+        _batch_limit(trainer, name)
+    own = _OWN_LIMIT.get(subcommand or "fit")
+    if own is not None and is_number(trainer.get(own)) and trainer[own] == 0:
+        raise UserError(
+            f"--trainer.{own} 0: {subcommand or 'fit'} would run no batch; give a number of batches >= 1, "
+            "a fraction in (0, 1], or null for all"
+        )
+
+
 def _devices(trainer: dict[str, Any]) -> None:
     """``devices``: ``auto``, a count >= 1, -1 (every device), or GPU indices (a list, ``"0,1"``);
     on the CPU a count only."""
@@ -153,11 +165,8 @@ def _one_pruning_owner(callbacks: Any) -> None:
 
 
 def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> None:
-    """Raise :class:`UserError` (one line naming the option) for a Trainer option that Lightning
-    would refuse only after the model loaded, refuse with a traceback, or accept and then train,
-    validate or log nothing. ``subcommand``: what runs (None: as for fit). Values Lightning
-    documents are accepted (``max_steps -1``: no limit, ``limit_val_batches 0``: no validation,
-    ``num_sanity_val_steps -1``: every batch ...)."""
+    """Raise :class:`UserError` (one line naming the option) for a Trainer option that Lightning would refuse only
+    after the model loaded, refuse with a traceback, or accept and then train, validate or log nothing."""
     fit = subcommand in (None, "fit")
     _one_pruning_owner(trainer.get("callbacks"))
     num_nodes = trainer.get("num_nodes")
@@ -187,20 +196,7 @@ def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> Non
         raise UserError(
             f"--trainer.max_time {trainer['max_time']}: stops the run before its first step; give {_DURATION}"
         )
-    for name in (
-        "limit_train_batches",
-        "limit_val_batches",
-        "limit_test_batches",
-        "limit_predict_batches",
-        "overfit_batches",
-    ):
-        _batch_limit(trainer, name)
-    own = _OWN_LIMIT.get(subcommand or "fit")
-    if own is not None and is_number(trainer.get(own)) and trainer[own] == 0:
-        raise UserError(
-            f"--trainer.{own} 0: {subcommand or 'fit'} would run no batch; give a number of batches >= 1, "
-            "a fraction in (0, 1], or null for all"
-        )
+    _batch_limits(trainer, subcommand)
     _val_check_interval(trainer)
     accumulate = trainer.get("accumulate_grad_batches")
     if accumulate is not None and accumulate != 1:

@@ -1,12 +1,5 @@
 """How the command line reports what went wrong: in one line naming the option and the fix, with
-an exit status (:func:`exit_status`), never with a usage block or, for a user error, a traceback.
-
-- :class:`OneLineParser` turns jsonargparse's multi-line parse errors into one line
-  (:func:`explain_parse_error`), with a did-you-mean.
-- :func:`check_yaml_file` reads each ``--config`` file first, so a YAML error names the file.
-- :data:`RUN_FAULTS` end in status 1, :data:`USER_ERRORS` in status 2, :class:`CommandInterrupted`
-  in 128 + SIGTERM.
-"""
+an exit status (:func:`exit_status`), never with a usage block or, for a user error, a traceback."""
 
 from __future__ import annotations
 
@@ -19,6 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser
 
@@ -37,20 +31,61 @@ class CommandInterrupted(Exception):
 
 
 class OneLineParser(LightningArgumentParser):
-    """Reports a parse error as one :class:`UserError` line (the option, what is wrong, a
-    did-you-mean) instead of jsonargparse's usage block. Parsers that jsonargparse builds with
-    ``exit_on_error=False`` for its own nested checks keep raising ``ArgumentError`` as before."""
+    """Reports a parse error as one :class:`UserError` line (the option, what is wrong, a did-you-mean) instead of
+    jsonargparse's usage block."""
 
     #: the ``--config`` files of the command line being parsed, as given and as absolute paths (a
     #: parse runs inside the config file's folder), so that an error can name the file that set an
     #: option (set by the CLI before it parses)
     config_sources: tuple[tuple[str, str], ...] = ()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", CompactHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         raise UserError(explain_parse_error(message, parser, self.config_sources))
+
+    def format_help(self) -> str:
+        """``--help`` of a command that has options: a one-line usage, and each option's and group's
+        first sentence with its type and default (``--print_config`` shows a whole configuration)."""
+        options = [a for a in self._actions if a.option_strings]
+        if len(options) < 12:  # the top-level parser: its usage lists the subcommands
+            return super().format_help()
+        saved = (self.usage, [(a, a.help) for a in self._actions], [(g, g.description) for g in self._action_groups])
+        self.usage = f"{self.prog} [-h] [-c CONFIG] [--print_config] [--SECTION.OPTION VALUE ...]"
+        for action in self._actions:
+            action.help = first_sentence(action.help)
+        for group in self._action_groups:
+            group.description = first_sentence(group.description)
+        try:
+            return super().format_help()
+        finally:
+            self.usage = saved[0]
+            for action, text in saved[1]:
+                action.help = text
+            for group, text in saved[2]:
+                group.description = text
+
+
+class CompactHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help without the list of every known subclass of a class option (its
+    ``--OPTION.help`` shows a subclass's options)."""
+
+    def _get_help_string(self, action: Any) -> str:
+        return re.sub(r", known subclasses: [^()]*\)$", ")", super()._get_help_string(action))
+
+
+def first_sentence(text: Any) -> Any:
+    """The first sentence of a help text (up to a full stop before a capital or a backquote)."""
+    if not isinstance(text, str):
+        return text
+    flat = " ".join(text.split())
+    match = re.search(r"(?<!\be\.g)(?<!\bi\.e)\.\s+(?=[A-Z`\\(])", flat)
+    return flat[: match.start() + 1] if match else flat
 
 
 def _options(parser: Any) -> list[str]:
@@ -65,9 +100,8 @@ def _options(parser: Any) -> list[str]:
 
 
 def _did_you_mean(word: str, candidates: list[str], *, list_siblings: bool = False) -> str:
-    """``"; did you mean --model.tree.branching?"``: the closest candidate with the same parent
-    (``--model.tree``), compared by its last component; with ``list_siblings``, when none is close,
-    the valid names under that parent."""
+    """``"; did you mean --model.tree.branching?"``: the closest candidate with the same parent (``--model.tree``),
+    compared by its last component; with ``list_siblings``, when none is close, the valid names under that parent."""
     parent, _, leaf = word.rpartition(".")
     siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
     if not siblings:
@@ -119,10 +153,40 @@ OWNED_ELSEWHERE = {
 }
 
 
+#: Lightning's own options that this CLI leaves out, -> the option that does it here
+NOT_HERE = {
+    "--optimizer": (
+        "the module builds its optimizer from --model.optimizer (e.g. --model.optimizer torch.optim.SGD "
+        "--model.optimizer.init_args.lr 0.01); give it there"
+    ),
+    "--lr_scheduler": (
+        "the module builds its learning-rate schedule from --model.lr_scheduler (e.g. --model.lr_scheduler "
+        "torch.optim.lr_scheduler.StepLR --model.lr_scheduler.init_args.step_size 100); give it there"
+    ),
+}
+
+
+#: options removed as no configuration set them, old -> what replaced them
+REMOVED_OPTIONS = {
+    "--model.val_seed": "validation, test and predict sample from seeds 1234, 1235, ... (--model.val_samples of them)",
+    "--model.health": "the on-policy check's tolerance follows the denoiser's dtype",
+    "--model.reuse_rollout_forward": "the training pass always recomputes the stochastic steps' forwards",
+    "--model.faults.max_consecutive_skips": "a skip policy stops after 3 steps in a row without an update",
+    "--model.memory_guard.available_gb": "the guard measures the memory (--model.memory_guard.fraction sets the share used)",
+    "--model.memory_guard.max_train_parents": "the guard sizes the training forwards from the memory it measures",
+    "--model.prompt_cache.encode_batch": "every text-encoder call takes 8 prompts",
+    "--model.prompt_cache.on_cpu": "cached rows stay on the model's device",
+    "--model.rollout.max_leaves": "the memory guard refuses a tree that cannot fit",
+}
+
+
 def _no_such_option(option: str, options: list[str], see: str, what: str = "") -> str:
+    for lightning, where in NOT_HERE.items():
+        if option == lightning or option.startswith(lightning + "."):
+            return f"{option}{what}: not an option of this command line; {where}"
     if option in MOVED_OPTIONS:
         return f"{option}{what}: this option moved to {MOVED_OPTIONS[option]}; rename it there ({see})"
-    for old, where in OWNED_ELSEWHERE.items():
+    for old, where in {**OWNED_ELSEWHERE, **REMOVED_OPTIONS}.items():
         if option == old or option.startswith(old + "."):
             return f"{option}{what}: no longer an option; {where}"
     return f"{option}{what}: no such option{_did_you_mean(option, options, list_siblings=True)} ({see})"
@@ -250,9 +314,8 @@ def check_yaml_file(path: str) -> None:
 
 
 def check_yaml_values(argv: list[str] | tuple[str, ...]) -> None:
-    """Refuse a command-line value written in YAML (``--model.reward_kwargs '{a: 1, a: 2}'``) that
-    gives a key twice or expands beyond the alias bound, naming its option. A value that is no
-    YAML at all is left to jsonargparse, which takes it as text."""
+    """Refuse a command-line value written in YAML (``--model.reward_kwargs '{a: 1, a: 2}'``) that gives a key twice or
+    expands beyond the alias bound, naming its option."""
     option = None
     loader = checked_loader()
     for arg in argv:
@@ -283,8 +346,7 @@ USER_ERRORS = (UserError, ValueError, OSError, ImportError, MisconfigurationExce
 
 
 def exit_status(err: BaseException) -> int | None:
-    """The status ``main`` exits with after printing ``err`` in one line; None: a bug, which keeps
-    its traceback."""
+    """The status ``main`` exits with after printing ``err`` in one line; None: a bug, which keeps its traceback."""
     if isinstance(err, RUN_FAULTS):
         return 1
     if isinstance(err, CommandInterrupted):

@@ -1,18 +1,5 @@
 """How the project reads YAML: every document bounded and unambiguous (rules 2 and 4 of
-docs/failure_modes.md).
-
-- A key given twice in one mapping is an error naming the key and its line (YAML parsers keep
-  the last silently: ``max_steps: 3`` then ``max_steps: 5`` trained 5).
-- A document whose aliases expand it beyond :data:`MAX_YAML_NODES` values, or that refers to
-  itself, is refused before anything is built from it: the size is counted on the parsed graph,
-  each shared node once, so a 342-byte alias bomb is refused in milliseconds instead of growing to
-  gigabytes.
-- A file is read only up to :data:`MAX_CONFIG_BYTES` (:func:`~.files.read_limited`).
-
-:func:`checked_loader` adds these checks to a PyYAML loader class (the command line's is
-jsonargparse's, which keeps its own number resolution: :func:`use_checked_yaml`); :func:`load_yaml`
-loads text with them.
-"""
+docs/failure_modes.md)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ ON = ("1", "true", "yes", "on")
 
 
 def env_flag(name: str) -> bool:
-    """Whether the environment variable ``name`` is on: ``1``, ``true``, ``yes``, ``on`` (any case);
-    unset, empty, ``0``, ``false``, ``no``, ``off`` are off. Anything else raises ``ValueError``
-    naming the variable and the values it takes."""
+    """Whether the environment variable ``name`` is on: ``1``, ``true``, ``yes``, ``on`` (any case); unset, empty,
+    ``0``, ``false``, ``no``, ``off`` are off."""
     value = os.environ.get(name, "").strip().lower()
     if value in OFF:
         return False

@@ -28,10 +28,7 @@ _OS_FIXES = {
 
 
 def explain_os_error(err: OSError) -> str:
-    """One line for an ``OSError``: the path(s), what the system said, and a fix.
-
-    An ``OSError`` raised by this project with its own one-line message (no ``errno``) keeps it.
-    """
+    """One line for an ``OSError``: the path(s), what the system said, and a fix."""
     if err.errno is None or err.strerror is None:
         return first_line(err)
     paths = " -> ".join(str(p) for p in (err.filename, err.filename2) if p is not None)

@@ -1,15 +1,4 @@
-"""Removing, replacing and reading files: the one place the package removes or replaces a file.
-
-Rule 1 of docs/failure_modes.md: no command removes or replaces a file it did not write. Every
-removal here names the folder it stays inside (``root``) and the names the project writes there;
-a path outside ``root``, reached through a symbolic link below it, or of another name is refused
-(:class:`NotWrittenHere`, one line), never removed. ``tests/common/test_files.py`` checks that no
-other module of the package removes, renames or replaces a file. A command's new output takes a
-folder of its own (:func:`fresh_folder`) or is moved where nothing is (:func:`move_written`).
-
-Rule 2: :func:`read_limited` reads a file only up to a stated size, and refuses a larger one in one
-line naming it.
-"""
+"""Removing, replacing and reading files: the one place the package removes or replaces a file."""
 
 from __future__ import annotations
 
@@ -54,9 +43,8 @@ def _named(path: Path, names: Sequence[str]) -> bool:
 
 
 def remove_written(path: str | Path, *, root: str | Path, names: Sequence[str]) -> bool:
-    """Remove the file ``path`` of ``root`` if its name is one of ``names`` (glob patterns: what
-    the project writes there); returns whether there was one. A folder, a link on the way or
-    another name is refused."""
+    """Remove the file ``path`` of ``root`` if its name is one of ``names`` (glob patterns: what the project writes
+    there); returns whether there was one."""
     path = Path(path)
     check_no_link(path, root)
     if not _named(path, names):
@@ -73,9 +61,8 @@ def remove_written(path: str | Path, *, root: str | Path, names: Sequence[str]) 
 
 
 def clear_written(folder: str | Path, *, root: str | Path, names: Sequence[str]) -> list[Path]:
-    """Remove from ``folder`` (and its sub-folders) every file whose name is one of ``names``, then
-    the folders left empty, ``folder`` included; returns what was kept (files of other names, and
-    links, which are never followed)."""
+    """Remove from ``folder`` (and its sub-folders) every file whose name is one of ``names``, then the folders left
+    empty, ``folder`` included; returns what was kept (files of other names, and links, which are never followed)."""
     folder = Path(folder)
     check_no_link(folder, root)
     if not folder.is_dir():
@@ -115,10 +102,8 @@ def remove_empty_folder(folder: str | Path) -> bool:
 
 
 def replace_with_written(written: str | Path, target: str | Path) -> None:
-    """Move ``written``, a file or folder this process has just written beside ``target`` (in the
-    same folder), onto ``target`` in one atomic rename. ``target`` is absent, an empty folder, or a
-    file of this project that ``written`` updates (a checkpoint); a link or a folder with
-    something in it is refused."""
+    """Move ``written``, a file or folder this process has just written beside ``target`` (in the same folder), onto
+    ``target`` in one atomic rename."""
     written, target = Path(written), Path(target)
     if os.path.abspath(written.parent) != os.path.abspath(target.parent):
         raise NotWrittenHere(f"{written} is not beside {target}; an atomic replacement moves a file within its folder")
@@ -144,9 +129,8 @@ def move_written(written: str | Path, target: str | Path) -> None:
 
 
 def fresh_folder(parent: str | Path, name: str) -> Path:
-    """Create and return the first of ``parent/name``, ``parent/name-2``, ``name-3``, ... that does
-    not exist, exclusively (two commands never share one), so that nothing already there is written
-    over."""
+    """Create and return the first of ``parent/name``, ``parent/name-2``, ``name-3``, ... that does not exist,
+    exclusively (two commands never share one), so that nothing already there is written over."""
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
     n = 1
@@ -161,9 +145,8 @@ def fresh_folder(parent: str | Path, name: str) -> Path:
 
 
 def read_limited(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of the file ``path``; :class:`FileTooLarge` when it holds more than ``limit``
-    bytes (read only that far), ``OSError`` as the system says. ``what`` starts the message
-    (``--data.prompts``, ``--config FILE`` ...)."""
+    """The bytes of the file ``path``; :class:`FileTooLarge` when it holds more than ``limit`` bytes (read only that
+    far), ``OSError`` as the system says."""
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:

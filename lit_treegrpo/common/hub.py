@@ -1,12 +1,4 @@
-"""Hugging Face hub look-ups that fail in seconds without a network.
-
-Without ``HF_HUB_OFFLINE`` and without a network, the hub clients retry for minutes before they
-give up. Every loader here first checks the local cache; only a repository that is not cached is
-fetched, and only once one bounded connection probe has found the hub's endpoint reachable.
-
-:func:`local_or_hub_id` is the one rule, for models and rewards alike, that tells a local path from
-a hub id.
-"""
+"""Hugging Face hub look-ups that fail in seconds without a network."""
 
 from __future__ import annotations
 
@@ -73,16 +65,7 @@ def looks_like_path(spec: str | os.PathLike[str]) -> bool:
 
 
 def local_or_hub_id(spec: str | os.PathLike[str]) -> str | None:
-    """Where a model or reward source lives: ``None`` for a local path, else its hub id.
-
-    One rule, in this order:
-
-    1. an existing file or folder (``~`` expanded) is local: ``None``;
-    2. anything else that looks like a path (:func:`looks_like_path`: a ``Path``; text starting with
-       ``/``, ``.`` or ``~``; an OS separator other than ``/``; more than one ``/``) is a missing path:
-       ``FileNotFoundError`` naming it;
-    3. the rest (``org/name`` or ``name``) is a hub id, returned as text.
-    """
+    """Where a model or reward source lives: ``None`` for a local path, else its hub id."""
     if Path(spec).expanduser().exists():
         return None
     if looks_like_path(spec):

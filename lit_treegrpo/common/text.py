@@ -1,12 +1,5 @@
-"""Prompts as they enter: printable text (:func:`check_prompt`), cut to :data:`MAX_PROMPT_CHARS`
-characters before anything tokenises them (:func:`cut_prompts`), as rules 2 and 3 of
-docs/failure_modes.md ask.
-
-A tokenizer reads the whole string before it truncates to its encoder's limit: one 2.6 MB prompt
-took 316 s and 6.5 GB to tokenise. No text encoder here reads more than 1,024 tokens (Qwen-Image's;
-T5: 512, CLIP: 77), and a token rarely spans more than a few characters, so a cut at 10,000
-characters removes only text that no encoder would see.
-"""
+"""Prompts as they enter: printable text (:func:`check_prompt`), cut to :data:`MAX_PROMPT_CHARS` characters before
+anything tokenises them (:func:`cut_prompts`), as rules 2 and 3 of docs/failure_modes.md ask."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ def prompt_problem(text: str) -> str | None:
 
 
 def check_prompt(text: object, where: str) -> str:
-    """``text`` if it is a string of printable text; ``ValueError`` starting with ``where``
-    otherwise."""
+    """``text`` if it is a string of printable text; ``ValueError`` starting with ``where`` otherwise."""
     if not isinstance(text, str):
         raise ValueError(f"{where}: a prompt must be text, got {type(text).__name__} {text!r:.60}")
     problem = prompt_problem(text)

@@ -1,10 +1,4 @@
-"""Values checked against their declaration where they enter (rule 3 of docs/failure_modes.md).
-
-A loader declares each parameter's type in its signature, and a number's range with
-``Annotated[float, Range(0, 1)]``; :func:`check_arguments` checks given arguments against those
-declarations (:func:`declared`), so that ``target: abc`` is refused in one line naming the option
-instead of failing in a comparison deep inside the loader.
-"""
+"""Values checked against their declaration where they enter (rule 3 of docs/failure_modes.md)."""
 
 from __future__ import annotations
 
@@ -119,22 +113,8 @@ def _matches(value: Any, hint: Any, option: str) -> bool:
         return True
     if origin is Literal:
         return value in get_args(hint)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return False
-        if not math.isfinite(value):
-            raise ArgumentError(f"{option} must be a finite number, got {value!r}")
-        return True
-    if hint is str:
-        return isinstance(value, str)
-    if _is_path(hint):
-        if isinstance(value, str) and not value.strip():
-            raise ArgumentError(f"{option}: empty; give a path")
-        return isinstance(value, (str, os.PathLike))
+    if hint in (bool, int, float, str) or _is_path(hint):
+        return _matches_scalar(value, hint, option)
     if origin in (list, tuple, abc.Sequence) or hint in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False
@@ -155,6 +135,25 @@ def _matches(value: Any, hint: Any, option: str) -> bool:
     if isinstance(hint, type):
         return isinstance(value, hint)
     return True  # a typing construct this check does not know: left to the loader
+
+
+def _matches_scalar(value: Any, hint: Any, option: str) -> bool:
+    """Whether ``value`` is a ``bool``, ``int``, ``float`` (finite), ``str`` or path, as ``hint`` says."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        if not math.isfinite(value):
+            raise ArgumentError(f"{option} must be a finite number, got {value!r}")
+        return True
+    if hint is str:
+        return isinstance(value, str)
+    if isinstance(value, str) and not value.strip():
+        raise ArgumentError(f"{option}: empty; give a path")
+    return isinstance(value, (str, os.PathLike))
 
 
 def check_value(value: Any, hint: Any, option: str) -> None:

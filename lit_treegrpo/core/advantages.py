@@ -1,36 +1,16 @@
-"""Turn leaf rewards into one advantage per recorded edge (stochastic transition) of the tree.
+"""Turn leaf rewards into one advantage per recorded edge (stochastic transition) of the tree: the
+tree is flattened into (leaf, edge) path pairs, and every estimator is a few scatter reductions over
+them (the softmax backup: one pass per depth level); nothing loops over nodes in Python."""
 
-Input is the plain-tensor tree description :class:`~lit_treegrpo.core.rollout.RolloutTree`
-exposes; nothing here loops over nodes in Python. The tree is flattened into (leaf, edge) *path
-pairs*, one per edge on each leaf's root-to-leaf path, and every estimator is a few scatter
-reductions over those pairs (or, for the softmax backup, one pass per depth level).
-
-Leaf normalisation (all methods but ``branch_fusion``): per prompt over all of its leaves,
-``a = (r - mean) / (std + eps)`` with the population std (TreeGRPO), or with
-``std_estimator="sample"`` the n - 1 one (``torch.std``'s default, which DanceGRPO's and
-BranchGRPO's code use; it matters for BranchGRPO's depth groups of two); with
-``std_scope="global"`` the mean is still the prompt's but the std is taken over every leaf of the
-batch (Flow-GRPO's ``global_std=True``). Several rewards arrive already combined into one score
-per leaf by :func:`combine_rewards` (called by ``MultiReward``): each column normalised per prompt,
-then weighted (TreeGRPO's ``r = sum_k w_k (R_k - mu_k) / sigma_k``); that score is normalised again
-here like any reward.
-
-Methods (A(e) is the advantage of edge e; "leaves below e" are the leaves whose path contains e):
-
-``"mean"`` (TreeGRPO code)
-    A(e) = mean of ``a`` over the leaves below e. On a flat tree (chains) every edge of a
-    trajectory gets that trajectory's normalised reward, i.e. flat GRPO.
-``"logprob_softmax"`` (TreeGRPO paper, Alg. 1)
-    V(leaf edge) = a; V(e) = sum_c softmax_c(old_log_prob[c]) V(c) over the children c of e;
-    A(e) = V(e).
-``"branch_fusion"`` (BranchGRPO eq. 7-8)
-    F(e) = sum_l w_l r_l over leaves l below e, w = softmax_l(beta * sum of old_log_prob of the
-    edges strictly below e on the path to l), r the leaf's score (raw, or combined for several
-    rewards); then A(e) = (F(e) - mu) / (sigma + eps) over the edges of the same prompt and
-    depth. A group of one edge, or with sigma < 1e-6, gets 0.
-``"parent_relative"`` (the original design notes)
-    A(e) = M(e) - M(parent(e)) with M as in ``"mean"`` and M(-1) = mean of ``a`` over the prompt.
-"""
+# Leaf normalisation (all but branch_fusion): per prompt, a = (r - mean) / (std + eps), population std
+# (TreeGRPO) or n - 1 (std_estimator "sample": DanceGRPO's and BranchGRPO's torch.std); std_scope
+# "global" takes the std over the batch's leaves (Flow-GRPO's global_std). Methods, A(e) of edge e:
+# - mean (TreeGRPO code): the mean of a over the leaves below e; on chains, flat GRPO.
+# - logprob_softmax (TreeGRPO paper, Alg. 1): V(leaf edge) = a, V(e) = sum_c softmax_c(old_log_prob) V(c)
+#   over e's children; A = V.
+# - branch_fusion (BranchGRPO eq. 7-8): F(e) = sum_l w_l r_l over the leaves below e, w = softmax(beta x
+#   the old log-probs strictly below e on the path to l); A = F z-scored over the edges of one prompt
+#   and depth (a group of one, or of std < 1e-6, gets 0).
 
 from __future__ import annotations
 
@@ -41,7 +21,7 @@ from torch import Tensor
 
 from .choices import check_choice, choices
 
-AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative"]
+AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion"]
 StdScope = Literal["group", "global"]
 StdEstimator = Literal["population", "sample"]
 METHODS: tuple[str, ...] = choices(AdvantageMethod)
@@ -69,16 +49,8 @@ def normalize_per_group(
     std_scope: StdScope = "group",
     std_estimator: StdEstimator = "population",
 ) -> Tensor:
-    """``(v - mean) / (std + eps)`` within each group, columns independently; the population std
-    or (``std_estimator="sample"``) the n - 1 one. ``std_scope="global"``: the std of all
-    ``values`` (per column) instead of the group's.
-
-    A group whose values are all equal gets exactly 0 (it carries no signal): its computed mean
-    can differ from the values in the last bit (``3 * 0.1 / 3 != 0.1``), which ``/ (0 + eps)``
-    would blow up to ~1e-9 instead of 0.
-
-    Shapes: values [L] or [L, K]; group [L] long (ids need not be contiguous) -> like ``values``.
-    """
+    """``(v - mean) / (std + eps)`` within each group, columns independently; the population std or
+    (``std_estimator="sample"``) the n - 1 one."""
     _, g = torch.unique(group, return_inverse=True)  # [L] contiguous ids
     G = int(g.max()) + 1 if g.numel() else 0
     v = values.double()  # float64: leaf counts are small, and cancellation in var would hurt
@@ -102,11 +74,7 @@ def combine_rewards(
     leaf_rewards: Tensor, leaf_prompt: Tensor, weights: Tensor | None = None, eps: float = 1e-8
 ) -> Tensor:
     """One score per leaf: a [L] reward as is; [L, K] rewards normalised per prompt and column,
-    then weighted (``weights`` [K], default all ones). Integer or bool rewards count as floats.
-
-    The one place several reward columns become one score: ``MultiReward.score`` calls it, and
-    :func:`tree_advantages` takes the resulting [L] score (it refuses columns, so a weighting
-    cannot happen twice or be skipped)."""
+    then weighted (``weights`` [K], default all ones). Integer or bool rewards count as floats."""
     if not leaf_rewards.is_floating_point():
         leaf_rewards = leaf_rewards.double()  # pass/fail checks must not be rounded after scaling
     if leaf_rewards.ndim == 1:
@@ -177,34 +145,50 @@ def tree_advantages(
     std_scope: StdScope = "group",
     std_estimator: StdEstimator = "population",
 ) -> Tensor:
-    """Per-edge advantages from leaf rewards; see the module docstring for the methods.
-
-    Args:
-        leaf_rewards: [L] rewards, one per leaf (several rewards are combined beforehand, by
-            ``MultiReward`` through :func:`combine_rewards`).
-        edge_parent: [E] previous recorded edge on the path, -1 for none.
-        leaf_edge: [L] last recorded edge above each leaf.
-        leaf_prompt: [L] normalisation group (prompt) of each leaf.
-        method: ``"mean"``, ``"logprob_softmax"``, ``"branch_fusion"`` or ``"parent_relative"``.
-        edge_old_log_prob: [E] sampling-time log-probs; needed by ``logprob_softmax`` and by
-            ``branch_fusion`` with ``beta != 0``.
-        beta: path-probability temperature of ``branch_fusion`` (0: uniform mean of rewards).
-        eps: added to standard deviations.
-        clip: clamp advantages to ``[-clip, clip]`` (BranchGRPO clips at 5); ``None`` leaves them.
-        std_scope: ``"group"`` (per prompt) or ``"global"`` (over all leaves: Flow-GRPO) std in the
-            leaf normalisation; ``branch_fusion`` normalises per depth and takes ``"group"`` only.
-        std_estimator: ``"population"`` or ``"sample"`` (n - 1) std, in the leaf normalisation
-            and in ``branch_fusion``'s depth-wise one.
-
-    Returns:
-        [E] float32 advantages, in edge order.
-
-    Raises:
-        ValueError: non-finite rewards (naming the leaves and prompts), inconsistent shapes, an
-            edge without any leaf below it, or a missing ``edge_old_log_prob``.
-    """
+    """[E] float32 advantages in edge order from the leaf rewards [L] (one score per leaf; several rewards are combined
+    beforehand by :func:`combine_rewards`); see the module docstring for the methods."""
+    needs_lp = _check_inputs(leaf_rewards, edge_parent, leaf_edge, leaf_prompt, method, edge_old_log_prob, beta)
     check_advantage_options(method, std_scope, prefix="advantage ")
     check_choice("advantage std_estimator", std_estimator, StdEstimator)
+    E = edge_parent.shape[0]
+    if E == 0:
+        return torch.zeros(0, dtype=torch.float32, device=edge_parent.device)
+
+    score = leaf_rewards.double()  # [L]; pass/fail (bool/int) rewards count as floats
+    pairs = path_pairs(edge_parent, leaf_edge, edge_old_log_prob if needs_lp else None)
+    leaves_below = _segment_sum(torch.ones_like(pairs.edge, dtype=torch.float64), pairs.edge, E)
+    if bool((leaves_below == 0).any()):
+        orphan = (leaves_below == 0).nonzero().squeeze(1)[:8].tolist()
+        raise ValueError(f"edges {orphan} have no leaf below them; the tree description is broken")
+
+    if method == "branch_fusion":
+        edge_prompt = torch.zeros(E, dtype=torch.long, device=edge_parent.device)
+        edge_prompt[pairs.edge] = leaf_prompt[pairs.leaf]  # [E]
+        weights = _segment_softmax(beta * pairs.log_prob_below, pairs.edge, E)  # [Q]
+        fused = _segment_sum(weights * score[pairs.leaf], pairs.edge, E)  # [E]
+        adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps, std_estimator)
+    else:
+        a = normalize_per_group(score, leaf_prompt, eps, std_scope, std_estimator)  # [L]
+        if method == "mean":
+            adv = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
+        else:
+            adv = _softmax_backup(a, leaf_edge, edge_parent, edge_old_log_prob, pairs, E)
+    adv = adv.float()
+    if clip is not None:
+        adv = adv.clamp(-clip, clip)
+    return adv
+
+
+def _check_inputs(
+    leaf_rewards: Tensor,
+    edge_parent: Tensor,
+    leaf_edge: Tensor,
+    leaf_prompt: Tensor,
+    method: str,
+    edge_old_log_prob: Tensor | None,
+    beta: float,
+) -> bool:
+    """Refuse inconsistent shapes and non-finite rewards; returns whether the method needs the log-probs."""
     E, L = edge_parent.shape[0], leaf_edge.shape[0]
     if leaf_rewards.ndim != 1:
         raise ValueError(
@@ -226,38 +210,7 @@ def tree_advantages(
     needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)
     if needs_lp and (edge_old_log_prob is None or edge_old_log_prob.shape != (E,)):
         raise ValueError(f"method {method!r} needs edge_old_log_prob of shape [{E}]")
-    if E == 0:
-        return torch.zeros(0, dtype=torch.float32, device=edge_parent.device)
-
-    score = leaf_rewards.double()  # [L]; pass/fail (bool/int) rewards count as floats
-    pairs = path_pairs(edge_parent, leaf_edge, edge_old_log_prob if needs_lp else None)
-    leaves_below = _segment_sum(torch.ones_like(pairs.edge, dtype=torch.float64), pairs.edge, E)
-    if bool((leaves_below == 0).any()):
-        orphan = (leaves_below == 0).nonzero().squeeze(1)[:8].tolist()
-        raise ValueError(f"edges {orphan} have no leaf below them; the tree description is broken")
-    edge_prompt = torch.zeros(E, dtype=torch.long, device=edge_parent.device)
-    edge_prompt[pairs.edge] = leaf_prompt[pairs.leaf]  # [E]
-
-    if method == "branch_fusion":
-        weights = _segment_softmax(beta * pairs.log_prob_below, pairs.edge, E)  # [Q]
-        fused = _segment_sum(weights * score[pairs.leaf], pairs.edge, E)  # [E]
-        adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps, std_estimator)
-    else:
-        a = normalize_per_group(score, leaf_prompt, eps, std_scope, std_estimator)  # [L]
-        mean_below = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
-        if method == "mean":
-            adv = mean_below
-        elif method == "parent_relative":
-            prompt_mean = _segment_sum(a, leaf_prompt, int(leaf_prompt.max()) + 1)
-            prompt_mean = prompt_mean / torch.bincount(leaf_prompt).clamp(min=1)  # [P]
-            parent_value = torch.where(edge_parent >= 0, mean_below[edge_parent.clamp(min=0)], prompt_mean[edge_prompt])
-            adv = mean_below - parent_value
-        else:
-            adv = _softmax_backup(a, leaf_edge, edge_parent, edge_old_log_prob, pairs, E)
-    adv = adv.float()
-    if clip is not None:
-        adv = adv.clamp(-clip, clip)
-    return adv
+    return needs_lp
 
 
 def _depth_from_pairs(pairs: PathPairs, num_edges: int) -> Tensor:

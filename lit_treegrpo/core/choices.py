@@ -16,8 +16,7 @@ def choices(literal: Any) -> tuple[Any, ...]:
 
 
 def check_choice(option: str, value: object, literal: Any) -> None:
-    """Raise one line ``<option> must be 'a', 'b' or 'c', got 'x'`` unless ``value`` is one of
-    ``literal``'s values."""
+    """Raise one line ``<option> must be 'a', 'b' or 'c', got 'x'`` unless ``value`` is one of ``literal``'s values."""
     allowed = choices(literal)
     if value not in allowed:
         raise ValueError(f"{option} must be {listing(allowed)}, got {value!r}")

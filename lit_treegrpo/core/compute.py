@@ -1,23 +1,4 @@
-"""Compute as a first-class quantity: what one training step spent, in counted model work.
-
-Methods differ in where they spend: a tree shares its early steps and trains few edges, flat GRPO
-samples every chain and trains most of its edges, Flow-GRPO adds a reference forward per trained
-one. Comparing them at equal *sampling* NFE hides the training pass, so every step counts four
-kinds of work (:class:`Compute`) and weighs them with one cost model (:class:`ComputeCost`) into
-*compute units*, where one unit is one sampling forward of the denoiser for one batch element:
-
-- ``sampling``: the rollout's model evaluations (batch elements; CFG doubling is not counted
-  separately, it doubles every kind alike);
-- ``trained``: forwards that recompute log-probs with grad, each followed by its backward;
-  weighted ``trained`` (3 by default: a backward costs about two forwards);
-- ``reference``: the KL reference's forwards, no grad; weighted ``reference`` (1);
-- ``reward_images``: images (or videos) scored by the reward; weighted ``reward`` per image (0 by
-  default: a real reward model is a forward of its own size and should be given its measured
-  ratio; the Shapes reward is analytic and costs a few percent of a denoiser forward).
-
-``units = sampling + trained_factor * trained + reference_factor * reference + reward_factor *
-reward_images``. Pure arithmetic on counts: nothing here measures time.
-"""
+"""Compute as a first-class quantity: what one training step spent, in counted model work."""
 
 from __future__ import annotations
 

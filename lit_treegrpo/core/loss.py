@@ -1,22 +1,4 @@
-"""PPO-style clipped policy-gradient loss over recorded tree edges (GRPO without a critic).
-
-Per edge i with importance ratio ``rho_i = exp(log_prob_i - old_log_prob_i)`` and advantage
-``A_i`` clamped to ``[-adv_clip, adv_clip]``::
-
-    l_i = max(-A_i rho_i, -A_i clamp(rho_i, 1 - clip_range, 1 + clip_range_high))
-        + kl_beta * mean_elements((mean_i - ref_mean_i)^2) / (2 std_i^2)
-
-The KL term is the closed form between the policy's and the reference model's Gaussians of the same
-step (same std): ``kl_form="exact"`` divides by the step's variance ``std^2 = g^2 |dt|``;
-``kl_form="flow_grpo"`` divides by ``g^2`` alone, as Flow-GRPO's code does (its
-``sde_step_with_logprob`` returns ``std_dev_t`` without the ``sqrt(-dt)``), i.e. the exact KL times
-``|dt|`` -- 4-30x weaker at T = 10, so a ``kl_beta`` from Flow-GRPO's configs needs this form. Aggregation over edges: each edge belongs to a *group* (its parent node,
-whose k children share one forward); ``aggregation="sum"`` sums the k child losses of a parent as
-TreeGRPO's code does (``loss_agg: sum``), ``"mean"`` averages them; the result is averaged over
-groups. ``"edge"`` ignores the groups: every edge weighs the same (BranchGRPO's code, which steps
-through its transitions one by one). Without groups every edge is its own group (flat GRPO: all
-three are the plain mean).
-"""
+"""PPO-style clipped policy-gradient loss over recorded tree edges (GRPO without a critic)."""
 
 from __future__ import annotations
 
@@ -36,10 +18,8 @@ KLForm = Literal["exact", "flow_grpo"]
 
 
 def check_kl_reference(kl_beta: float, has_lora: bool, prefix: str = "") -> None:
-    """The one statement of "``kl_beta`` needs LoRA": the KL reference is the model with its LoRA
-    disabled, so ``kl_beta > 0`` needs an adapter with ``lora``. The module checks it when built, the
-    command line before any weights load (``prefix="--model."``), and the adapter's ``reference()``
-    when asked for a reference without LoRA."""
+    """The one statement of "``kl_beta`` needs LoRA": the KL reference is the model with its LoRA disabled, so
+    ``kl_beta > 0`` needs an adapter with ``lora``."""
     if kl_beta > 0 and not has_lora:
         raise ValueError(
             f"{prefix}loss.kl_beta > 0 needs the adapter's lora (the KL reference is the model with LoRA "
@@ -116,18 +96,7 @@ class ClippedPolicyLoss(nn.Module):
         std: Tensor | None = None,
         step_size: Tensor | None = None,
     ) -> LossOutput:
-        """Loss over B edges.
-
-        Args:
-            log_prob: [B] current policy log-probs (with grad).
-            old_log_prob: [B] sampling-time log-probs.
-            advantages: [B].
-            group: [B] long parent id of each edge (any ids); ``None``: one group per edge.
-            mean, ref_mean: [B, *S] policy and reference Gaussian means (needed if kl_beta > 0).
-            std: [B, 1, ..] or [B, *S] the step's std (needed if kl_beta > 0).
-            step_size: [B] ``|dt|`` of each edge's step (needed if kl_beta > 0 and
-                kl_form == "flow_grpo").
-        """
+        """Loss over B edges."""
         B = log_prob.shape[0]
         for name, t in (("old_log_prob", old_log_prob), ("advantages", advantages)):
             if t.shape != (B,):
@@ -203,15 +172,7 @@ def edge_loss(
     parents: Parents | None = None,
 ) -> tuple[LossOutput, Compute]:
     """The loss of the recorded edges ``edges`` [B] (non-empty) under the current policy, and the
-    model forwards it took (``Compute.trained``: with grad, ``Compute.reference``: the KL's).
-
-    The log-probs are recomputed with grad (:func:`~lit_treegrpo.core.rollout.recompute_log_probs`:
-    one forward per distinct parent); with ``loss_fn.kl_beta > 0`` the reference means are
-    recomputed without grad inside ``reference()`` (e.g. the model with LoRA disabled), and their
-    forwards count too. ``advantages`` [E] are the whole tree's; ``step_size`` [B] is ``|dt|`` of each
-    edge's step, for ``kl_form="flow_grpo"``; ``parents``: the edges' distinct sources, found ahead
-    (:func:`~lit_treegrpo.core.rollout.distinct_sources`).
-    """
+    model forwards it took (``Compute.trained``: with grad, ``Compute.reference``: the KL's)."""
     new = recompute_log_probs(predict, step, tree, edges, cond, parents)
     ref_mean = None
     reference_forwards = 0

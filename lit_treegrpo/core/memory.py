@@ -1,57 +1,4 @@
-"""Memory of one rollout at its peak, counted from the tree's shape (pure arithmetic).
-
-What :func:`lit_treegrpo.core.rollout.rollout` holds at its peak on one data-parallel rank with
-``P`` prompts, latents of ``n`` elements of ``b`` bytes each (``lat = n * b``), and a tree of
-``L`` leaves per prompt (``L`` is also its widest frontier: every node alive after the last split
-is the ancestor of exactly one leaf):
-
-=====================  =========================================================================
-recorded sources       ``source_x``: one row per node at every stochastic step,
-                       ``sum_{t stochastic} nodes_at(t) * P * lat``
-recorded edges         ``edge_x_next``: ``num_edges() * P * lat``
-leaf latents           ``L * P * lat``
-final concatenation    the ``torch.cat`` of the per-step lists copies sources and edges once more
-conditioning per node  ``index_cond(cond, node_prompt)``: one conditioning row per frontier node,
-                       ``L * P`` rows, plus the prompts' own ``P`` rows
-step workspace         at the widest step: the frontier and the model output in the latent dtype
-                       (2 b) and four float32 tensors (noise, float32 copies of the model output
-                       and the sample, the mean; ``flow_sde_step`` / ``ddim_step`` compute in
-                       float32): ``L * P * n * (2 b + 16)``
-model call input       one chunk of at most ``max_batch`` rows of latents and conditioning,
-                       doubled by classifier-free guidance
-=====================  =========================================================================
-
-Activations inside the model call are not counted: they depend on the architecture, and chunking
-by ``max_batch`` is what bounds them. Callers leave headroom for them (the module's memory guard
-compares against a fraction of the free memory).
-
-The training pass (:func:`training_memory`) is counted per *parent* (a source node: one row of a
-training forward, two with classifier-free guidance, serving all its kept children), because its
-activations, unlike the rollout's, are what fills the memory: autograd keeps them for the backward.
-:func:`count_saved_tensors` measures them once on the real model (one parent's forward under
-``torch.autograd.graph.saved_tensors_hooks``, exact about what autograd keeps, on any device); a
-micro-batch of ``U`` parents then needs
-
-=====================  =========================================================================
-activations            ``U * saved``: the bytes autograd saves for one parent. With gradient
-                       checkpointing, only each checkpointed region's inputs are kept, and the
-                       backward recomputes one region at a time:
-                       ``saved - sum(region saved) + sum(region inputs) + max(region saved)``
-backward workspace     ``U * 2 * largest``: the gradient flowing back through the largest saved
-                       tensor and the one it produces
-gradients              one per trainable parameter, kept over the micro-batches of an update
-optimizer state        not yet allocated at the start of a fit (Adam: two moments per parameter)
-the rollout's tree     sources, edges, leaf latents and the prompts' conditioning, held while the
-                       pass trains on them (:func:`held_tree_bytes`)
-=====================  =========================================================================
-
-Calibrated on CPU (``benchmarks/training_memory.py``: the peak of live tensor bytes during the
-forward and backward of 1, 4 and 16 parents): the per-parent cost came within -4 % / +39 % of the
-measured slope on the tiny SD3 and SD1.5 models, with and without checkpointing and CFG (the
-checkpointed tiny SD3 the low end, 7 % under its peak at 16 parents). The estimate leaves out a few
-hundred kB per forward that no row pays for, and the decoded images of the step (float32 pixels,
-held too): the ``1 - fraction`` headroom is for them. Not yet calibrated on a GPU.
-"""
+"""Memory of one rollout at its peak, counted from the tree's shape (pure arithmetic)."""
 
 from __future__ import annotations
 
@@ -112,17 +59,7 @@ def rollout_memory(
     cfg: bool = False,
     max_batch: int = 64,
 ) -> RolloutMemory:
-    """Peak bytes of ``rollout(..., spec, cond, noise)`` for ``num_prompts`` prompts.
-
-    Args:
-        spec: the tree of this training step.
-        num_prompts: prompts on this rank (``P``).
-        latent_shape: one latent's shape without the batch dimension, e.g. ``(16, 128, 128)``.
-        latent_dtype: the latents' dtype (the denoiser's).
-        cond_bytes: conditioning bytes per prompt row (:func:`cond_row_bytes` of the encoded cond).
-        cfg: whether each model call doubles its rows for classifier-free guidance.
-        max_batch: most nodes per model call, as given to ``rollout`` (``RolloutLimits``).
-    """
+    """Peak bytes of ``rollout(..., spec, cond, noise)`` for ``num_prompts`` prompts."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     if cond_bytes < 0:
@@ -206,11 +143,8 @@ def _regions_run_directly(record: Callable[[list[Any], Callable[[], Any]], Any])
 
 
 def count_saved_tensors(forward: Callable[[], Any], params: Iterable[nn.Parameter | torch.Tensor]) -> SavedTensors:
-    """Run ``forward()`` with grad and count what autograd saves for its backward: distinct storages,
-    leaving out those of ``params`` (the model's parameters and buffers, resident anyway). Each saved
-    tensor is counted and dropped at once (the graph cannot be backpropagated), so the probe costs
-    no more memory than a forward without grad. Regions checkpointed through
-    ``torch.utils.checkpoint.checkpoint`` run directly, each recorded with its inputs' bytes."""
+    """Run ``forward()`` with grad and count what autograd saves for its backward: distinct storages, leaving out those
+    of ``params`` (the model's parameters and buffers, resident anyway)."""
     # (a sharded parameter, a tensor subclass, has no storage of its own to compare with)
     resident = {p.untyped_storage().data_ptr() for p in params if type(p) in (torch.Tensor, nn.Parameter)}
     seen: dict[int, StorageWeakRef] = {}  # storage address -> the storage counted there, while it lives

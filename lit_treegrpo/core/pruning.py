@@ -1,37 +1,11 @@
-"""Which edges get gradient work: width and depth pruning as boolean edge masks.
-
-Pruning runs after the advantages are computed (so pruned edges still shaped every kept edge's
-advantage) and only saves training compute: BranchGRPO reports 55% less time per iteration with
-depth pruning at a slightly *better* reward. Everything here is a pure function of the tree, the
-advantages and the settings.
-
-Width pruning (BranchGRPO sec. 3.4), choosing *leaves* and keeping every edge above a kept leaf:
-
-- ``parent_top1``: at the last split, each parent keeps only its best child (highest advantage);
-  the other children's subtrees are dropped.
-- ``extreme``: per prompt, keep the paths to the ``extreme_n`` best and ``extreme_n`` worst leaves
-  (by the advantage of their last edge).
-
-``ratio`` keeps, per prompt, the top ``ratio`` fraction of edges by ``|advantage|``.
-
-Depth pruning acts on the edges whose depth (number of recorded ancestors) lies in ``[lo, hi)``:
-``depth_mode="drop"`` leaves them out of training (BranchGRPO's code, ``--depth_pruning``: the
-listed depths are pruned, the window sliding towards the root), ``"keep"`` trains only them. The
-window's schedule is :class:`PruningSchedule`, a pure function of the iteration that the
-``PruningSchedule`` callback applies. Step pruning keeps edges recorded at given denoising steps
-(DanceGRPO trains a random 60% of the timesteps of every iteration; the schedule draws them).
-
-A fit's pruning has one owner, a :class:`PruningSource` (the ``PruningSchedule`` callback): the
-module asks it for each iteration's :class:`PruningConfig`, and trains every edge without one. A
-constant schedule is fixed pruning.
-"""
+"""Which edges get gradient work: width and depth pruning as boolean edge masks."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -51,8 +25,6 @@ class PruningConfig:
 
     width: WidthPruning = "none"
     """``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see the module docstring)."""
-    extreme_n: int = 1
-    """Best and worst leaves kept per prompt by ``extreme``."""
     ratio: float = 0.5
     """Fraction of edges kept per prompt by ``ratio`` (BranchGRPO's code uses 0.5)."""
     depth_window: tuple[int, int] | None = None
@@ -65,8 +37,6 @@ class PruningConfig:
 
     def __post_init__(self) -> None:
         check_choice("pruning.width", self.width, WidthPruning)
-        if self.extreme_n < 1:
-            raise ValueError(f"pruning.extreme_n must be >= 1, got {self.extreme_n}")
         if not 0.0 < self.ratio <= 1.0:
             raise ValueError(f"pruning.ratio must be in (0, 1], got {self.ratio}")
         if self.depth_window is not None:
@@ -81,8 +51,7 @@ class PruningConfig:
 
 
 def edges_above(tree: RolloutTree, keep_leaf: Tensor, pairs: PathPairs | None = None) -> Tensor:
-    """[E] bool: edges with at least one kept leaf (``keep_leaf`` [L] bool) below them.
-    ``pairs``: the tree's :func:`path_pairs`, when the caller already has them."""
+    """[E] bool: edges with at least one kept leaf (``keep_leaf`` [L] bool) below them."""
     if pairs is None:
         pairs = path_pairs(tree.edge_parent, tree.leaf_edge)
     kept_below = torch.zeros(tree.num_edges, dtype=torch.long, device=keep_leaf.device)
@@ -140,7 +109,7 @@ def prune(tree: RolloutTree, advantages: Tensor, config: PruningConfig) -> Tenso
     if config.width == "parent_top1":
         keep = parent_top1_mask(tree, advantages)
     elif config.width == "extreme":
-        keep = extreme_mask(tree, advantages, config.extreme_n)
+        keep = extreme_mask(tree, advantages)
     elif config.width == "ratio":
         keep = ratio_mask(tree, advantages, config.ratio)
     else:
@@ -168,8 +137,7 @@ def _rank_in_group(values: Tensor, group: Tensor, *, descending: bool) -> Tensor
 __all__ = [
     "NO_PRUNING",
     "PruningConfig",
-    "PruningSchedule",
-    "PruningSource",
+    "PruningPlan",
     "depth_mask",
     "edges_above",
     "extreme_mask",
@@ -183,30 +151,14 @@ Direction = Literal["deeper", "shallower"]
 
 
 @dataclass(frozen=True)
-class PruningSchedule:
-    """The :class:`PruningConfig` of every training step, a pure function of the iteration (like
-    :meth:`TreeSpec.at <lit_treegrpo.core.spec.TreeSpec.at>` for the window): a resumed or
-    distributed run gets exactly the pruning the uninterrupted run would have had.
-
-    Width pruning: ``width`` is in force for the first ``ceil(width_fraction * max_steps)`` training
-    steps, ``"none"`` afterwards; with ``width_fraction = 1`` it is always on and the run length is
-    not needed. Depth pruning acts on the depths ``[lo, lo + depth_window)`` with ``lo =
-    depth_start ± depth_shift * (iteration // depth_every)`` (``+`` for ``"deeper"``, ``-`` for
-    ``"shallower"``), never past ``depth_stop`` (for ``"shallower"`` the default stop is 0).
-    A fixed window ``[lo, hi)`` is ``depth_start=lo, depth_window=hi - lo, depth_shift=0``.
-    BranchGRPO's code drops a window of 4 of its deepest depths and slides it one depth towards the
-    root every 30 iterations (``depth_mode="drop", depth_window=4, depth_start=T-5,
-    depth_direction="shallower", depth_every=30``, stop at the last split). ``step_fraction`` is
-    DanceGRPO's ``timestep_fraction``: train the edges of ``ceil(step_fraction * n)`` of the ``n``
-    stochastic steps, drawn from ``(seed, iteration)``.
-    """
+class PruningPlan:
+    """The :class:`PruningConfig` of every training iteration, a pure function of it, so that a resumed or distributed
+    run prunes as the uninterrupted one."""
 
     width: WidthPruning = "none"
     """``none``, ``parent_top1``, ``extreme`` or ``ratio`` (see the module docstring)."""
     width_fraction: float = 1.0
-    """Fraction of ``trainer.max_steps`` with width pruning on, in (0, 1]."""
-    extreme_n: int = 1
-    """Best and worst leaves kept per prompt by ``extreme``."""
+    """Fraction of the run's iterations with width pruning on, in (0, 1]."""
     ratio: float = 0.5
     """Fraction of edges kept per prompt by ``ratio``, in (0, 1]."""
     depth_window: int | None = None
@@ -243,8 +195,6 @@ class PruningSchedule:
         ):
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"{name}.{field} must be in (0, 1], got {value}")
-        if self.extreme_n < 1:
-            raise ValueError(f"{name}.extreme_n must be >= 1, got {self.extreme_n}")
         if self.depth_window is not None and self.depth_window < 1:
             raise ValueError(f"{name}.depth_window must be >= 1 or None, got {self.depth_window}")
         if self.depth_every < 1:
@@ -330,7 +280,6 @@ class PruningSchedule:
             window = (lo, lo + self.depth_window)
         return PruningConfig(
             width=self.width if width_on else "none",
-            extreme_n=self.extreme_n,
             ratio=self.ratio,
             depth_window=window,
             depth_mode=self.depth_mode,
@@ -339,15 +288,4 @@ class PruningSchedule:
 
 
 NO_PRUNING = PruningConfig()
-"""Every edge trains: the pruning of a fit without a :class:`PruningSource`."""
-
-
-@runtime_checkable
-class PruningSource(Protocol):
-    """The one owner of a fit's pruning (the ``PruningSchedule`` callback is one): the module asks
-    it for the pruning of each iteration and holds none of its own."""
-
-    def pruning_at(self, iteration: int, stochastic_steps: Sequence[int], run_seed: int) -> PruningConfig:
-        """The pruning of training iteration ``iteration`` (0-based), whose tree samples
-        ``stochastic_steps``; ``run_seed`` is the run's ``--model.seed``."""
-        ...
+"""Every edge trains: the pruning of a fit without a ``PruningSchedule`` callback."""

@@ -1,29 +1,4 @@
-"""Grow the tree of denoising trajectories, batching a whole depth into one model call.
-
-The rollout only needs two callables, so it runs any model family (and test doubles) without
-diffusers:
-
-- ``predict(x, step_index, cond) -> model_output``: ``x`` [N, *S]; ``step_index`` an int during
-  the rollout (every node is at the same denoising step) or a [N] LongTensor when training
-  recomputes a minibatch that mixes steps; ``cond`` the conditioning of those N nodes.
-- ``step(model_output, x, step_index, *, stochastic, noise=None, prev_sample=None) -> StepOutput``:
-  one transition, as :func:`lit_treegrpo.core.steps.flow_sde_step` / ``ddim_step`` wrapped by an
-  adapter that knows its schedule.
-
-``cond`` is any pytree (tensor, tuple, list, dict, NamedTuple) whose tensors have the prompt
-dimension first; the rollout gathers rows per node with :func:`index_cond`.
-
-Why batch by depth: every node alive at denoising step ``t`` goes through ONE ``predict`` call
-(chunked by ``max_batch``), and at a branch step the parent's output is computed once and
-its ``k`` children differ only in noise. BranchGRPO's code forwards nodes one at a time.
-
-Random draws, in order (so that a run is reproducible from its generator): at every stochastic
-step one ``torch.randn`` of shape [N * k, *S] for the N frontier nodes in frontier order, child j
-of node i at row ``i * k + j``. Deterministic steps draw nothing. With one generator per prompt,
-each prompt's rows (contiguous in the frontier) are drawn from its own generator instead, so a
-prompt's tree does not depend on which other prompts share the batch: a data-parallel run then
-samples exactly what a single process with the same global batch samples.
-"""
+"""Grow the tree of denoising trajectories, batching a whole depth into one model call."""
 
 from __future__ import annotations
 
@@ -68,13 +43,7 @@ def _num_cond_rows(cond: Any) -> int:
 
 @dataclass(frozen=True)
 class RolloutTree:
-    """Everything one rollout recorded, as flat tensors (the plain-tensor tree description).
-
-    *Sources* are the nodes at which a stochastic step starts; one model forward of a source serves
-    the log-probs of all its children. *Edges* are the recorded stochastic transitions, numbered in
-    creation order, so an edge's parent always has a smaller index. *Leaves* are final samples,
-    grouped by prompt in prompt order (each prompt's ``spec.num_leaves`` leaves are contiguous).
-    """
+    """Everything one rollout recorded, as flat tensors (the plain-tensor tree description)."""
 
     source_x: Tensor  # [Ns, *S] state when the stochastic step starts (model dtype)
     source_step: Tensor  # [Ns] long, denoising step index
@@ -90,7 +59,6 @@ class RolloutTree:
     num_prompts: int
     nfe: int  # model evaluations (batch elements, CFG doubling excluded)
     num_model_calls: int  # predict() invocations
-    edge_log_prob_graph: Tensor | None = None  # [E] float32 with grad (rollout(grad_stochastic=True)), else None
 
     @property
     def num_edges(self) -> int:
@@ -125,12 +93,6 @@ def _chunked_predict(predict: PredictFn, x: Tensor, step_index: int, cond: Any, 
     return torch.cat(outs), len(outs)
 
 
-def _cat_with_grad(parts: list[Tensor], device: torch.device) -> Tensor:
-    """``torch.cat`` that keeps the parts' graphs (the rollout itself runs under no_grad)."""
-    with torch.enable_grad():
-        return torch.cat(parts) if parts else torch.empty(0, device=device)
-
-
 def _step_noise(
     shape: torch.Size,
     rows_per_prompt: int,
@@ -155,36 +117,81 @@ def root_noise(
     return noise.repeat_interleave(spec.num_trees, dim=0) if spec.shared_noise else noise
 
 
-@torch.no_grad()
-def rollout(
-    predict: PredictFn,
-    step: StepFn,
-    spec: TreeSpec,
-    cond: Any,
-    noise: Tensor,
-    *,
-    generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    max_batch: int = 64,
-    grad_stochastic: bool = False,
-) -> RolloutTree:
-    """Grow ``spec``'s tree for every prompt of ``cond`` from the root ``noise``.
+class _Recorder:
+    """What a rollout records step by step (sources, edges, counts), joined into a :class:`RolloutTree`."""
 
-    Args:
-        predict, step: the model and the transition, see the module docstring.
-        spec: the tree for this training step (``TreeSpec.at(step)``).
-        cond: conditioning pytree with P rows (one per prompt).
-        noise: root latents [P * spec.num_trees, *S], prompt-major (prompt p owns rows
-            ``p * num_trees .. (p + 1) * num_trees - 1``).
-        generator: RNG for the SDE noise (on ``noise.device``): one generator, one per prompt
-            (P of them), or ``None`` for the global RNG.
-        max_batch: most nodes per model call (``RolloutLimits.max_batch``); a larger frontier
-            is chunked, which bounds activation memory and leaves the tree unchanged.
-        grad_stochastic: run the forwards of the stochastic steps with grad and keep each edge's
-            log-prob with its graph (``edge_log_prob_graph``), so that the update can train on
-            the rollout's own forwards instead of recomputing them; the states stay detached (as
-            recomputation sees them), and the activations of those forwards are held until the
-            backward. Deterministic steps run without grad either way.
-    """
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sources_x: list[Tensor] = []
+        self.sources_step: list[Tensor] = []
+        self.sources_prompt: list[Tensor] = []
+        self.edges: dict[str, list[Tensor]] = {k: [] for k in ("source", "parent", "depth", "x_next", "lp")}
+        self.num_sources = self.num_edges = self.nfe = self.calls = 0
+
+    def stochastic(
+        self,
+        step: StepFn,
+        t: int,
+        k: int,
+        x: Tensor,
+        model_output: Tensor,
+        node: tuple[Tensor, Tensor, Tensor],
+        eps: Callable[[torch.Size], Tensor],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Record step ``t``'s sources and its ``k`` children per node; ``node``: (prompt, edge, depth)
+        of the frontier [N]; ``eps(shape)`` draws the step's noise. Returns the children's states,
+        edges and depths [N*k]."""
+        node_prompt, node_edge, node_depth = node
+        n, device = x.shape[0], self.device
+        self.sources_x.append(x)
+        self.sources_step.append(torch.full((n,), t, dtype=torch.long, device=device))
+        self.sources_prompt.append(node_prompt)
+        source_ids = torch.arange(self.num_sources, self.num_sources + n, device=device)  # [N]
+        self.num_sources += n
+        if k > 1:
+            model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
+            x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
+        out = step(model_output, x, t, stochastic=True, noise=eps(x.shape))
+        edge_ids = torch.arange(self.num_edges, self.num_edges + n * k, device=device)  # [N*k]
+        self.num_edges += n * k
+        self.edges["source"].append(source_ids.repeat_interleave(k))
+        self.edges["parent"].append(node_edge.repeat_interleave(k))
+        self.edges["depth"].append(node_depth.repeat_interleave(k))
+        self.edges["x_next"].append(out.prev_sample)
+        self.edges["lp"].append(out.log_prob.float())
+        return out.prev_sample, edge_ids, (node_depth + 1).repeat_interleave(k)
+
+    def tree(
+        self, leaves: Tensor, leaf_edge: Tensor, leaf_prompt: Tensor, num_prompts: int, noise: Tensor
+    ) -> RolloutTree:
+        shape = tuple(noise.shape[1:])
+
+        def cat(parts: list[Tensor], dtype: torch.dtype, tail: tuple[int, ...] = ()) -> Tensor:
+            if parts:
+                return torch.cat(parts)
+            return torch.empty((0, *tail), dtype=dtype, device=self.device)
+
+        edges = self.edges
+        return RolloutTree(
+            source_x=cat(self.sources_x, noise.dtype, shape),
+            source_step=cat(self.sources_step, torch.long),
+            source_prompt=cat(self.sources_prompt, torch.long),
+            edge_source=cat(edges["source"], torch.long),
+            edge_parent=cat(edges["parent"], torch.long),
+            edge_depth=cat(edges["depth"], torch.long),
+            edge_x_next=cat(edges["x_next"], noise.dtype, shape),
+            edge_old_log_prob=cat(edges["lp"], torch.float32),
+            leaf_latents=leaves,
+            leaf_edge=leaf_edge,
+            leaf_prompt=leaf_prompt,
+            num_prompts=num_prompts,
+            nfe=self.nfe,
+            num_model_calls=self.calls,
+        )
+
+
+def _check_rollout(cond: Any, noise: Tensor, spec: TreeSpec, generator: Any, max_batch: int) -> int:
+    """The number of prompts P of ``cond``, checked against the noise rows and generators."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     P = _num_cond_rows(cond)
@@ -195,83 +202,53 @@ def rollout(
         )
     if isinstance(generator, Sequence) and len(generator) != P:
         raise ValueError(f"got {len(generator)} generators for {P} prompts; give one per prompt")
+    return P
+
+
+@torch.no_grad()
+def rollout(
+    predict: PredictFn,
+    step: StepFn,
+    spec: TreeSpec,
+    cond: Any,
+    noise: Tensor,
+    *,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    max_batch: int = 64,
+) -> RolloutTree:
+    """Grow ``spec``'s tree for every prompt of ``cond`` (P rows) from the root ``noise``
+    [P * num_trees, *S], prompt-major; ``generator``: one, one per prompt, or None (global RNG)."""
+    P = _check_rollout(cond, noise, spec, generator, max_batch)
     device = noise.device
     x = noise  # [N, *S] frontier states
     node_prompt = torch.arange(P, device=device).repeat_interleave(spec.num_trees)  # [N]
     node_edge = torch.full((x.shape[0],), -1, dtype=torch.long, device=device)  # [N]
     node_depth = torch.zeros_like(node_edge)  # [N] recorded edges above the node
     node_cond = index_cond(cond, node_prompt)  # cond rows per node; changes only at splits
-
-    sources_x, sources_step, sources_prompt = [], [], []
-    edges_source, edges_parent, edges_depth, edges_x_next, edges_lp = [], [], [], [], []
-    edges_graph: list[Tensor] = []  # [n * k] log-probs with grad, per stochastic step
-    num_sources = num_edges = nfe = calls = 0
+    record = _Recorder(device)
     for t in range(spec.num_steps):
-        n = x.shape[0]
-        with torch.set_grad_enabled(grad_stochastic and spec.is_stochastic(t)):
-            model_output, c = _chunked_predict(predict, x, t, node_cond, max_batch)  # [N, *S]
-        nfe += n
-        calls += c
+        model_output, c = _chunked_predict(predict, x, t, node_cond, max_batch)  # [N, *S]
+        record.nfe += x.shape[0]
+        record.calls += c
         if not spec.is_stochastic(t):
             x = step(model_output, x, t, stochastic=False).prev_sample  # [N, *S]
             continue
         k = spec.children_at(t)
-        sources_x.append(x)
-        sources_step.append(torch.full((n,), t, dtype=torch.long, device=device))
-        sources_prompt.append(node_prompt)
-        source_ids = torch.arange(num_sources, num_sources + n, device=device)  # [N]
-        num_sources += n
-        if k > 1:
-            with torch.set_grad_enabled(grad_stochastic):  # the rollout runs under no_grad otherwise
-                model_output = model_output.repeat_interleave(k, dim=0)  # [N*k, *S]
-            x = x.repeat_interleave(k, dim=0)  # [N*k, *S]
         rows_per_prompt = spec.nodes_at(t) * k  # frontier rows of each prompt, contiguous
-        eps = _step_noise(x.shape, rows_per_prompt, generator, device)  # [N*k, *S] float32
-        if k > 1 and spec.split_noise_scale != 1.0:
-            eps = eps * spec.split_noise_scale  # [N*k, *S] wider draws, scored with the step's own std
-        with torch.set_grad_enabled(grad_stochastic):
-            out = step(model_output, x, t, stochastic=True, noise=eps)
-        if grad_stochastic:
-            edges_graph.append(out.log_prob.float())
-            out = out._replace(prev_sample=out.prev_sample.detach(), log_prob=out.log_prob.detach())
-        edge_ids = torch.arange(num_edges, num_edges + n * k, device=device)  # [N*k]
-        num_edges += n * k
-        edges_source.append(source_ids.repeat_interleave(k))
-        edges_parent.append(node_edge.repeat_interleave(k))
-        edges_depth.append(node_depth.repeat_interleave(k))
-        edges_x_next.append(out.prev_sample)
-        edges_lp.append(out.log_prob.float())
-        node_depth = (node_depth + 1).repeat_interleave(k)
-        node_edge = edge_ids
+
+        def eps(shape: torch.Size) -> Tensor:  # [N*k, *S] float32
+            drawn = _step_noise(shape, rows_per_prompt, generator, device)  # noqa: B023 (called at once)
+            if k > 1 and spec.split_noise_scale != 1.0:  # noqa: B023
+                return drawn * spec.split_noise_scale  # wider draws, scored with the step's own std
+            return drawn
+
+        x, node_edge, node_depth = record.stochastic(
+            step, t, k, x, model_output, (node_prompt, node_edge, node_depth), eps
+        )
         if k > 1:
             node_prompt = node_prompt.repeat_interleave(k)
             node_cond = index_cond(cond, node_prompt)
-        x = out.prev_sample
-
-    shape = tuple(noise.shape[1:])
-
-    def cat(parts: list[Tensor], dtype: torch.dtype, tail: tuple[int, ...] = ()) -> Tensor:
-        if parts:
-            return torch.cat(parts)
-        return torch.empty((0, *tail), dtype=dtype, device=device)
-
-    return RolloutTree(
-        source_x=cat(sources_x, noise.dtype, shape),
-        source_step=cat(sources_step, torch.long),
-        source_prompt=cat(sources_prompt, torch.long),
-        edge_source=cat(edges_source, torch.long),
-        edge_parent=cat(edges_parent, torch.long),
-        edge_depth=cat(edges_depth, torch.long),
-        edge_x_next=cat(edges_x_next, noise.dtype, shape),
-        edge_old_log_prob=cat(edges_lp, torch.float32),
-        leaf_latents=x,
-        leaf_edge=node_edge,
-        leaf_prompt=node_prompt,
-        num_prompts=P,
-        nfe=nfe,
-        num_model_calls=calls,
-        edge_log_prob_graph=_cat_with_grad(edges_graph, device) if grad_stochastic else None,
-    )
+    return record.tree(x, node_edge, node_prompt, P, noise)
 
 
 class Parents(NamedTuple):
@@ -283,11 +260,10 @@ class Parents(NamedTuple):
 
 
 def dense_ids(values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``torch.unique(values, return_inverse=True)`` without asking the device how many distinct
-    values there are (no host sync): ``(ids, ordered, first)``, each [B]: every value's position
-    among the distinct values in ascending order, the values sorted, and where in ``ordered`` each
-    distinct value first appears (``ordered[first]`` are the distinct values; ``first.sum()`` of
-    them)."""
+    """``torch.unique(values, return_inverse=True)`` without asking the device how many distinct values there are (no
+    host sync): ``(ids, ordered, first)``, each [B]: every value's position among the distinct values in ascending
+    order, the values sorted, and where in ``ordered`` each distinct value first appears (``ordered[first]`` are the
+    distinct values; ``first.sum()`` of them)."""
     ordered, order = torch.sort(values, stable=True)  # [B]
     first = torch.ones_like(ordered, dtype=torch.bool)
     first[1:] = ordered[1:] != ordered[:-1]  # [B]
@@ -318,13 +294,7 @@ class EdgeLogProbs(NamedTuple):
 def recompute_log_probs(
     predict: PredictFn, step: StepFn, tree: RolloutTree, edge_ids: Tensor, cond: Any, parents: Parents | None = None
 ) -> EdgeLogProbs:
-    """Re-evaluate the recorded transitions ``edge_ids`` [B] under the current model.
-
-    One ``predict`` call over the distinct sources of the requested edges (a parent with k
-    children in the minibatch costs one forward, not k); ``predict`` gets a [U] step-index tensor.
-    ``parents``: those sources, found ahead (:func:`distinct_sources`; else ``torch.unique`` here).
-    Runs with whatever grad mode the caller is in.
-    """
+    """Re-evaluate the recorded transitions ``edge_ids`` [B] under the current model."""
     if parents is None:
         parents = Parents(*torch.unique(tree.edge_source[edge_ids], return_inverse=True))
     sources, group = parents  # [U], [B]
@@ -349,21 +319,7 @@ def source_minibatches(
     num_batches: int | None = None,
     generator: torch.Generator | None = None,
 ) -> list[Tensor]:
-    """Shuffle the kept edges into minibatches that never split a parent's children.
-
-    Size is counted in *sources* (model forwards, the cost that matters), each bringing all its
-    kept edges. Give exactly one of:
-
-    - ``sources_per_batch``: batches of that many sources (the last may be smaller); an empty
-      list if nothing is kept.
-    - ``num_batches``: exactly that many batches of near-equal source counts, some possibly empty.
-      Distributed training uses this so that every rank runs the same number of backward passes
-      whatever its pruning kept.
-
-    Args:
-        keep: [E] bool mask from pruning.
-        generator: RNG (CPU) for the shuffle.
-    """
+    """Shuffle the kept edges into minibatches that never split a parent's children."""
     if (sources_per_batch is None) == (num_batches is None):
         raise ValueError("give exactly one of sources_per_batch and num_batches")
     if sources_per_batch is not None and sources_per_batch < 1:
@@ -391,9 +347,8 @@ def source_minibatches(
 
 
 def split_by_parent(tree: RolloutTree, edges: Tensor, chunks: int) -> list[Tensor]:
-    """Split a minibatch of edges [B] into ``chunks`` parts of near-equal parent (source) counts
-    that never split a parent's children: the forwards of a micro-batch too large for one (some
-    parts empty when it has fewer parents). Edges keep their order within a part."""
+    """Split a minibatch of edges [B] into ``chunks`` parts of near-equal parent (source) counts that never split a
+    parent's children: the forwards of a micro-batch too large for one (some parts empty when it has fewer parents)."""
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     _, parent = torch.unique(tree.edge_source[edges], return_inverse=True)  # [B] 0 .. U-1

@@ -1,10 +1,4 @@
-"""What a step hands the callbacks: :class:`ScoredSamples`, the samples it drew and their rewards.
-
-The training step (the leaves of the prompts that trained) and validation / test (each prompt's
-deterministic samples) return the same named result, so that a callback reads both alike, by
-attribute. It lives in the engine, not beside the module, because the callbacks may import the
-engine but never the module (tests/test_layering.py).
-"""
+"""What a step hands the callbacks: :class:`ScoredSamples`, the samples it drew and their rewards."""
 
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ class ScoredSamples(NamedTuple):
     images: Tensor | None = None  # [N, 3, H, W] in [0, 1] ([N, F, 3, H, W] videos); None: not kept
 
     def as_step_output(self) -> dict[str, ScoredSamples]:
-        """What ``training_step`` returns: under manual optimization Lightning takes a mapping (or a
-        tensor) and hands a copy of it to ``on_train_batch_end`` as ``outputs``; the named result
-        rides in it under :data:`STEP_KEY`. Validation and test return it as it is."""
+        """What ``training_step`` returns: under manual optimization Lightning takes a mapping (or a tensor) and hands
+        a copy of it to ``on_train_batch_end`` as ``outputs``; the named result rides in it under :data:`STEP_KEY`."""
         return {STEP_KEY: self}
 
     @classmethod
@@ -38,3 +31,37 @@ class ScoredSamples(NamedTuple):
         if isinstance(outputs, Mapping):
             outputs = outputs.get(STEP_KEY)
         return outputs if isinstance(outputs, cls) else None
+
+
+class Scored(NamedTuple):
+    """The leaves' rewards as the reward call gave them."""
+
+    rewards: Tensor  # [L] float32; may hold NaN / inf under skip (all NaN when the call raised)
+    components: dict[str, Tensor]  # name -> [L] float32, a MultiReward's parts (else empty)
+    failure: str | None  # why the reward call raised (skip), else None
+
+
+class Screened(NamedTuple):
+    """The rewards a step trains on, and the prompts it leaves out."""
+
+    rewards: Tensor  # [L] the dropped prompts' leaves replaced by 0 (finite stand-ins)
+    dropped: Tensor  # [P] bool: prompts left out of this step
+
+    def kept_leaves(self, leaf_prompt: Tensor) -> Tensor:
+        """[L] bool: the leaves of the prompts that train."""
+        return ~self.dropped[leaf_prompt]
+
+
+class GrownTree(NamedTuple):
+    """One batch's trees, scored, backed up and pruned: what the update trains on and ``TreeView`` draws."""
+
+    spec: Any  # TreeSpec: the iteration's tree (a window schedule moves it)
+    cond: Any  # the prompts' conditioning, P rows (the update's forwards take it again)
+    tree: Any  # RolloutTree: every prompt's trees, L leaves and E recorded edges
+    leaf_prompts: list[str]  # [L] each leaf's prompt
+    images: Tensor  # [L, 3, H, W] the decoded leaves in [0, 1] ([L, F, 3, H, W] videos)
+    scored: Scored  # the rewards [L] as the reward gave them, with their components
+    screened: Screened  # the rewards [L] the advantages come from, and the prompts [P] left out
+    advantages: Tensor  # [E] one per recorded edge
+    pruning: Any  # PruningConfig: the iteration's pruning
+    keep: Tensor  # [E] bool: the edges that train (pruning kept them and their prompt was not left out)

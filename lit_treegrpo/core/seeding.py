@@ -1,29 +1,4 @@
-"""The one way this project turns a run's seed and a position in the run into a random generator.
-
-Every random draw that must come out the same on a resumed run, on another number of processes or
-in another batch (root noise, SDE noise, minibatch shuffles, window and step draws, the Shapes
-pre-training) takes a ``torch.Generator`` seeded by :func:`seed_of`: the run's seed followed by
-integers that say where the draw happens, mixed as a polynomial in an odd constant,
-
-    seed_of(s, a, b, c) = ((s * M + a) * M + b) * M + c   (mod 2**63),   M = 1_000_003,
-
-so that no two positions of a run share a generator and nothing depends on a global RNG. The
-values are pinned by a test: changing this function changes every run's samples, so a checkpoint
-would resume onto different randomness.
-
-Call conventions (the callers name their parts):
-
-=============================  ===============================================================
-root and SDE noise             ``(seed, stream, iteration, prompt position)``; stream 0 = training
-minibatch shuffle              ``(seed, iteration, first prompt position + 1)``
-window / step-fraction draws   ``(seed, iteration)``
-deterministic samples          ``(seed, crc32 of the prompt)``: a prompt's image does not depend
-                               on its batch or the number of processes
-=============================  ===============================================================
-
-(The prompt order is a permutation drawn by ``lit_treegrpo.data.prompt_stream.prompt_permutation``
-from a hash of its key, outside torch, so that it needs no generator at all.)
-"""
+"""The one way this project turns a run's seed and a position in the run into a random generator."""
 
 from __future__ import annotations
 

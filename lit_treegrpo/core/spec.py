@@ -1,27 +1,4 @@
-"""Which denoising steps branch, which are stochastic (SDE) and which are deterministic (ODE).
-
-A rollout runs ``num_steps`` denoising steps on every trajectory. At a *branch step* each node of
-the frontier gets ``k`` children (one model forward of the parent, ``k`` independent noises); at an
-extra *SDE step* it gets one stochastic child; every other step is a deterministic ODE step that
-records nothing and is never trained. Each stochastic transition is a recorded *edge*.
-
-One configuration covers every method of the papers (TreeGRPO arXiv 2512.08153, BranchGRPO arXiv
-2509.06040, DanceGRPO, Flow-GRPO, MixGRPO; each method is a preset in ``configs/methods/``):
-
-===================  ====================================================================
-TreeGRPO (k3 d3)     ``TreeSpec(10, branch_steps=(0, 1, 2), branching=3)`` + a window schedule
-BranchGRPO (dense)   ``TreeSpec(20, branch_steps=(0, 3, 6, 9), branching=2, sde_steps=...)``
-DanceGRPO / Flow-    ``TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=G)``: G chains per
-GRPO (flat)          prompt, every step but the last stochastic
-MixGRPO              flat, with a window of SDE steps sliding over the schedule
-===================  ====================================================================
-
-The last denoising step is never stochastic: its Gaussian is nearly degenerate (Flow-GRPO trains
-on ``timestep_fraction=0.99`` of the steps for that reason), so branching there is refused.
-``ode_tail`` widens that deterministic tail: MixGRPO's window never covers the last two steps, and
-on a model that denoises in pixel space (the Shapes model) noise injected into a sigma near 0 is
-never removed and ruins the sample (``benchmarks/step_noise.py`` measures this per step).
-"""
+"""Which denoising steps branch, which are stochastic (SDE) and which are deterministic (ODE)."""
 
 from __future__ import annotations
 
@@ -41,14 +18,7 @@ WindowTarget = Literal["branch", "sde"]
 
 @dataclass(frozen=True)
 class WindowSchedule:
-    """Moves the branch steps (or the extra SDE steps) of a :class:`TreeSpec` per training step.
-
-    The spec's own steps are the window at offset 0; the schedule picks an offset ``i`` for each
-    training step and the window becomes ``{s + i}``. Offsets range over ``0 .. max_offset`` where
-    ``max_offset`` keeps the window off the last denoising step (for a contiguous window of ``w``
-    steps in ``T``: ``T - w - 1``). The choice is a pure function of ``(seed, step)``, so a resumed
-    or distributed run picks the same windows.
-    """
+    """Moves the branch steps (or the extra SDE steps) of a :class:`TreeSpec` per training step."""
 
     kind: WindowKind = "fixed"
     """``fixed``: offset ``start`` always. ``shifting`` (TreeGRPO code): ``start + shift *
@@ -122,31 +92,15 @@ class WindowSchedule:
 
 @dataclass(frozen=True)
 class RolloutLimits:
-    """How a rollout is run within memory, as opposed to which tree it grows (:class:`TreeSpec`).
-
-    Changing these never changes what a run samples (up to float rounding of chunked calls), so a
-    resumed run may change them: lowering ``max_batch`` is the memory guard's own advice."""
+    """How a rollout runs within memory, as opposed to which tree it grows (:class:`TreeSpec`): a
+    resumed run may change it, since the samples stay the same (up to float rounding of chunked calls)."""
 
     max_batch: int = 64
     """Most nodes per model call; a larger frontier is chunked. Bounds activation memory."""
-    max_leaves: int = 256
-    """Refuse trees with more leaves per prompt than this (a typo in branching grows them fast)."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
             raise ValueError(f"rollout.max_batch must be >= 1, got {self.max_batch}")
-        if self.max_leaves < 1:
-            raise ValueError(f"rollout.max_leaves must be >= 1, got {self.max_leaves}")
-
-    def check(self, spec: TreeSpec) -> None:
-        """Refuse a tree with more leaves per prompt than ``max_leaves``."""
-        if spec.num_leaves > self.max_leaves:
-            raise ValueError(
-                f"the tree has {spec.num_leaves} leaves per prompt (branching {spec.branching} at "
-                f"steps {spec.branch_steps} x num_trees {spec.num_trees}), above rollout.max_leaves="
-                f"{self.max_leaves}; reduce branching / branch_steps / num_trees or raise "
-                "--model.rollout.max_leaves"
-            )
 
 
 @dataclass(frozen=True)
@@ -241,10 +195,9 @@ class TreeSpec:
             self.window.offset(0, self._window_max_offset())  # raises if it cannot be placed
 
     def with_num_steps(self, num_steps: int, prefix: str = "") -> TreeSpec:
-        """This tree for an adapter that samples ``num_steps`` steps, the owner of that number: filled
-        in (and the tree validated) when the tree leaves it out, ``self`` when it states the same, and
-        a one-line ``ValueError`` when it states another (``prefix``, e.g. ``"--model."``, makes the
-        names command-line options)."""
+        """This tree for an adapter that samples ``num_steps`` steps, the owner of that number: filled in (and the tree
+        validated) when the tree leaves it out, ``self`` when it states the same, and a one-line ``ValueError`` when
+        it states another (``prefix``, e.g. ``"--model."``, makes the names command-line options)."""
         if self.num_steps is None:
             return dataclasses.replace(self, num_steps=num_steps)
         if self.num_steps != num_steps:
@@ -253,6 +206,19 @@ class TreeSpec:
                 f"leave {prefix}tree.num_steps out (the tree takes the adapter's) or give the same value"
             )
         return self
+
+    def check_trains(self, prefix: str = "") -> None:
+        """Refuse a tree that nothing would train on: no stochastic step, or one leaf per prompt (rewards are
+        normalised among a prompt's leaves, so every advantage would be 0)."""
+        if self.num_steps is not None and self.num_edges() == 0:
+            raise ValueError(
+                f"{prefix}tree has no stochastic step, so nothing would train; give branch_steps or sde_steps"
+            )
+        if self.num_leaves == 1:
+            raise ValueError(
+                f"{prefix}tree has one leaf per prompt (num_trees 1, branching 1), so every advantage "
+                "would be 0 and nothing would train; give branching >= 2 or num_trees >= 2"
+            )
 
     @classmethod
     def from_dict(cls, fields: dict) -> TreeSpec:
@@ -294,10 +260,7 @@ class TreeSpec:
         return n
 
     def nfe(self) -> int:
-        """Model evaluations per prompt for one rollout (batch elements, CFG doubling excluded).
-
-        ``sum_t nodes_at(t)``; TreeGRPO's ``i + sum_{j<w} k^j + k^w (T - i - w)`` per tree.
-        """
+        """Model evaluations per prompt for one rollout (batch elements, CFG doubling excluded)."""
         return sum(self.nodes_at(t) for t in range(self.num_steps))
 
     def num_edges(self) -> int:
@@ -305,11 +268,7 @@ class TreeSpec:
         return sum(self.nodes_at(t) * self.children_at(t) for t in range(self.num_steps) if self.is_stochastic(t))
 
     def train_nfe(self) -> int:
-        """Model evaluations per prompt to recompute every edge's log-prob once.
-
-        One forward per parent node serves all its children, so this is the number of nodes that
-        start a stochastic step, not the number of edges.
-        """
+        """Model evaluations per prompt to recompute every edge's log-prob once."""
         return sum(self.nodes_at(t) for t in range(self.num_steps) if self.is_stochastic(t))
 
     # ----------------------------------------------------------------------------- schedule

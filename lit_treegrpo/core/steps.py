@@ -1,27 +1,13 @@
-"""One denoising transition as a Gaussian policy: flow-matching SDE/ODE steps and DDIM.
+"""One denoising transition as a Gaussian policy: flow-matching SDE/ODE steps and DDIM."""
 
-Every step returns the sampled next state together with the log-density of that state under the
-step's Gaussian, so that the same function serves sampling (draw ``noise``) and training
-(re-evaluate a recorded ``prev_sample`` with gradients).
-
-Provenance:
-- ``flow_sde_step(dynamics="flow_sde")``: Flow-GRPO (Liu et al. 2025, arXiv 2505.05470, eq. 9 and
-  ``sde_step_with_logprob`` in its code), the sampler TreeGRPO trains with.
-- ``flow_sde_step(dynamics="dance_sde")``: DanceGRPO (Xue et al. 2025, arXiv 2505.07818), constant
-  diffusion coefficient ``g = eta``; BranchGRPO uses it with ``eta = 0.3``.
-- ``flow_sde_step(dynamics="cps")``: coefficients-preserving sampling (Wang and Yu 2025, arXiv
-  2509.05952; ``sde_type == "cps"`` of Flow-GRPO's ``sde_step_with_logprob``), which Flow-GRPO
-  recommends at a noise level of about 0.8. Its code scores a step with ``-(x' - mean)^2``, the
-  constants *and* the ``1 / (2 std^2)`` left out; here the step is scored with its true Gaussian
-  density like every other, so ratios mean the same across dynamics (a clip range tuned on its
-  code's unscaled score does not carry over).
-- ``ddim_step``: DDPO (Black et al. 2023, ``ddim_step_with_logprob``), i.e. DDIM (Song et al. 2021,
-  eq. 12 and 16) with the variance scaled by ``eta``. No ``x0`` clipping or thresholding: SD 1.x
-  scheduler configs disable both, and clipping would make the mean non-differentiable.
-
-Log-probabilities are the Gaussian log-density *averaged* over all non-batch elements (constants
-included), as every peer implementation does, so that PPO clip ranges of ~1e-4 carry over.
-"""
+# Provenance. flow_sde: Flow-GRPO (arXiv 2505.05470, eq. 9; ``sde_step_with_logprob``), the sampler
+# TreeGRPO trains with. dance_sde: DanceGRPO (arXiv 2505.07818), constant g = eta (BranchGRPO: 0.3).
+# cps: coefficients-preserving sampling (arXiv 2509.05952; Flow-GRPO's ``sde_type == "cps"``), scored
+# here with its true Gaussian density (its code drops 1 / (2 std^2), so clip ranges do not carry
+# over). ddim: DDPO's ``ddim_step_with_logprob`` (DDIM eq. 12, 16, variance scaled by eta), no x0
+# clipping (SD 1.x disables it, and it would make the mean non-differentiable). Log-probs are the
+# Gaussian log-density averaged over non-batch elements, constants included, as every peer does,
+# so that PPO clip ranges of ~1e-4 carry over.
 
 from __future__ import annotations
 
@@ -49,13 +35,7 @@ class StepOutput(NamedTuple):
 
 
 def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """Per-sample log-density of ``x`` under ``N(mean, std^2)``, averaged over non-batch elements.
-
-    ``std`` broadcasts against ``mean``. Where ``std == 0`` the transition is deterministic and the
-    log-probability is defined as 0 (it carries no policy gradient), instead of ``-inf``/``nan``.
-
-    Shapes: x, mean [B, *S]; std [B, 1, ..., 1] (or anything broadcastable) -> [B] float32.
-    """
+    """Per-sample log-density of ``x`` under ``N(mean, std^2)``, averaged over non-batch elements."""
     x, mean, std = x.float(), mean.float(), std.float()
     deterministic = std == 0
     safe_std = torch.where(deterministic, torch.ones_like(std), std)
@@ -88,11 +68,7 @@ def _sample_or_score(
     *,
     stochastic: bool,
 ) -> StepOutput:
-    """Draw ``mean + std * noise`` (or take ``prev_sample``) and score it under N(mean, std^2).
-
-    A deterministic step (``stochastic=False``) draws nothing, so it leaves the RNG stream alone,
-    and ignores ``noise`` (its std is 0).
-    """
+    """Draw ``mean + std * noise`` (or take ``prev_sample``) and score it under N(mean, std^2)."""
     if noise is not None and prev_sample is not None:
         raise ValueError("pass at most one of `noise` (to sample) and `prev_sample` (to score)")
     for name, given in (("noise", noise), ("prev_sample", prev_sample)):
@@ -125,46 +101,14 @@ def flow_sde_step(
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> StepOutput:
-    """One rectified-flow step from noise level ``sigma`` to ``sigma_next`` (< sigma).
-
-    Convention: ``x_sigma = (1 - sigma) x0 + sigma eps`` and the model predicts ``v = eps - x0``, so
-    the probability-flow ODE is ``dx = v dsigma`` and ``dt = sigma_next - sigma < 0``.
-
-    The SDE with the same marginals adds the score correction (Flow-GRPO eq. 9)::
-
-        mean = x + dt * (v + g^2 / (2 sigma) * (x + (1 - sigma) v)),   std = g * sqrt(-dt)
-
-    - ``"flow_sde"``: ``g = noise_level * sqrt(sigma / (1 - sigma))``; at ``sigma == 1`` the
-      ``(1 - sigma)`` is replaced by ``(1 - sigma_next)`` as Flow-GRPO does (else g = inf).
-    - ``"dance_sde"``: ``g = noise_level`` (DanceGRPO's eta).
-    - ``"cps"``: coefficients-preserving sampling, which keeps the coefficients of ``x0`` and of
-      the noise those of the marginal at ``sigma_next`` (``1 - sigma_next`` and ``sigma_next``)
-      instead of adding a score correction::
-
-          x0 = x - sigma v,   x1 = x + (1 - sigma) v         (the predicted data and noise)
-          std = sigma_next * sin(noise_level * pi / 2)
-          mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) x1
-
-      so ``mean + std * eps`` has noise coefficient ``sqrt((sigma_next^2 - std^2) + std^2) =
-      sigma_next`` when ``x1`` and ``eps`` are independent unit noises. ``noise_level`` 1 makes
-      the step all fresh noise; 0 the DDIM-like deterministic step.
-    - ``"ode"``: Euler step ``mean = x + dt * v``, std 0, log_prob 0 (identical to diffusers'
-      ``FlowMatchEulerDiscreteScheduler.step``).
-
-    Math runs in float32 whatever the input dtype (bf16 ``g^2 / sigma`` overflows near sigma = 0 and
-    loses the tiny per-element log-prob differences PPO ratios are made of); ``prev_sample`` is
-    returned in ``sample.dtype``.
-
-    Args:
-        velocity: model output ``v``, [B, *S].
-        sample: current state ``x``, [B, *S].
-        sigma, sigma_next: float, or [B] tensors for a batch mixing timesteps.
-        noise_level: ``a`` of Flow-GRPO (0.7), ``eta`` of DanceGRPO (0.3), or CPS's (0.8).
-        dynamics: ``"flow_sde"``, ``"dance_sde"``, ``"cps"`` or ``"ode"``.
-        noise: standard normal noise [B, *S] to sample with; drawn from ``generator`` if omitted.
-        prev_sample: a recorded next state to score instead of sampling (training).
-        generator: RNG for the noise when neither ``noise`` nor ``prev_sample`` is given.
-    """
+    """One rectified-flow step from ``sigma`` to ``sigma_next`` (< sigma) of ``dynamics`` ``flow_sde``,
+    ``dance_sde``, ``cps`` or ``ode``, in float32 whatever the input dtype (bf16 ``g^2 / sigma``
+    overflows near 0 and loses the tiny log-prob differences ratios are made of)."""
+    # x_sigma = (1 - sigma) x0 + sigma eps, v = eps - x0, dt = sigma_next - sigma < 0. The SDE with
+    # the ODE's marginals (Flow-GRPO eq. 9): mean = x + dt (v + g^2 / (2 sigma) (x + (1 - sigma) v)),
+    # std = g sqrt(-dt); flow_sde: g = a sqrt(sigma / (1 - sigma)) (at sigma = 1, 1 - sigma_next);
+    # dance_sde: g = a. cps keeps the marginal's coefficients: mean = (1 - s') x0 + sqrt(s'^2 - std^2) x1,
+    # std = s' sin(a pi / 2). ode: the Euler step (diffusers' FlowMatchEulerDiscreteScheduler.step).
     check_choice("dynamics", dynamics, Dynamics)
     x = sample.float()  # [B, *S]
     v = velocity.float()  # [B, *S]
@@ -202,23 +146,10 @@ def ddim_step(
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> StepOutput:
-    """One DDIM step with variance ``eta^2 * sigma_t^2`` (DDPO's ``ddim_step_with_logprob``)::
-
-        x0   = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
-        var  = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)
-        std  = eta * sqrt(var)
-        mean = sqrt(a_prev) x0 + sqrt(1 - a_prev - std^2) eps
-
-    ``eta = 0`` is deterministic DDIM (std 0, log_prob 0) and equals ``DDIMScheduler.step`` with
-    ``clip_sample=False``. Math in float32; ``prev_sample`` returned in ``sample.dtype``.
-
-    Args:
-        eps: predicted noise [B, *S] (adapters convert v-prediction to epsilon first).
-        sample: current latents [B, *S].
-        alpha_prod_t, alpha_prod_t_prev: cumulative alphas, floats or [B] tensors.
-        eta: DDIM stochasticity; 1.0 as DDPO.
-        noise, prev_sample, generator: as in :func:`flow_sde_step`.
-    """
+    """One DDIM step with variance ``eta^2 * sigma_t^2`` (DDPO's ``ddim_step_with_logprob``); ``eta = 0``
+    is deterministic DDIM, ``DDIMScheduler.step`` with ``clip_sample=False``. Math in float32."""
+    # x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t); var = (1 - a_prev) / (1 - a_t) (1 - a_t / a_prev);
+    # std = eta sqrt(var); mean = sqrt(a_prev) x0 + sqrt(1 - a_prev - std^2) eps
     if eta < 0:
         raise ValueError(f"eta must be >= 0 (0 is deterministic DDIM, 1 is DDPO), got {eta}")
     x = sample.float()  # [B, *S]

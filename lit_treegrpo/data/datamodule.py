@@ -1,10 +1,4 @@
-"""Prompts for RL post-training: :class:`PromptDataModule`, with a train / validation split.
-
-Prompts load from a file or a built-in set (:mod:`lit_treegrpo.data.prompt_sets`); training batches come
-from a stateless, seeded, data-parallel stream (:mod:`lit_treegrpo.data.prompt_stream`) whose batch
-``k`` is a pure function of ``(seed, k, rank, world size, prompts)``, so a resumed run continues
-exactly by starting at the right ``k`` (:attr:`PromptDataModule.start_index`).
-"""
+"""Prompts for RL post-training: :class:`PromptDataModule`, with a train / validation split."""
 
 from __future__ import annotations
 
@@ -25,12 +19,7 @@ DEFAULT_BATCH_SIZE = 4  # prompts per rank when neither batch size is given
 
 
 def resolve_batch_size(batch_size: int | None, global_batch_size: int | None, world_size: int) -> int:
-    """Prompts per data-parallel rank from ``--data.batch_size`` / ``--data.global_batch_size``.
-
-    Neither: :data:`DEFAULT_BATCH_SIZE`. ``batch_size`` alone: itself. ``global_batch_size``:
-    ``global_batch_size / world_size``, refused when the world size does not divide it, or when a
-    ``batch_size`` given as well disagrees.
-    """
+    """Prompts per data-parallel rank from ``--data.batch_size`` / ``--data.global_batch_size``."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if global_batch_size is None:
@@ -54,13 +43,7 @@ def resolve_batch_size(batch_size: int | None, global_batch_size: int | None, wo
 
 
 class PromptDataModule(LightningDataModule):
-    """Prompts for training (an infinite, seeded, data-parallel stream) and validation (fixed).
-
-    Prompts are loaded and checked when the module is built, so a bad file fails before any model
-    loads. The training stream starts at :attr:`start_index`, which the training module sets from
-    its resumed step counter before the dataloader is built; :meth:`state_dict` records which
-    prompts and split a checkpoint was trained on, and resuming on others is an error.
-    """
+    """Prompts for training (an infinite, seeded, data-parallel stream) and validation (fixed)."""
 
     def __init__(
         self,
@@ -74,19 +57,15 @@ class PromptDataModule(LightningDataModule):
     ) -> None:
         """
         Args:
-            prompts: Training prompts: a .txt file (one prompt per line), a .jsonl file (a "prompt"
-                field per line, other fields kept as metadata), a .csv file (a "prompt" column,
-                other columns kept as metadata), or the name of a built-in set: hpdv2_style,
-                animals, shapes, shapes_world.
+            prompts: Training prompts: a .txt file (one prompt per line), a .jsonl file (a "prompt" field per line,
+                other fields kept as metadata), a .csv file (a "prompt" column, other columns kept as metadata),
+                or the name of a built-in set: hpdv2_style, animals, shapes, shapes_world.
             batch_size: Prompts per rank per training step (the global batch is batch_size x the
                 number of data-parallel ranks). Default 4 when global_batch_size is not given either.
-            global_batch_size: Prompts per training step over all data-parallel ranks, as the papers
-                quote it ("batch 32"); each rank then takes global_batch_size / (devices x
-                num_nodes), and a world size that does not divide it is refused. Give it or
-                batch_size (both must agree).
-            val_prompts: Validation prompts (file or built-in set, as for prompts). If not given,
-                val_fraction of the distinct training prompts is held out (chosen by seed) and
-                never trained on.
+            global_batch_size: Prompts per training step over all data-parallel ranks, as the papers quote it ("batch
+                32"); each rank then takes global_batch_size / (devices x num_nodes), and a world size
+                that does not divide it is refused.
+            val_prompts: Validation prompts (file or built-in set, as for prompts).
             val_fraction: Fraction of the distinct prompts held out for validation when
                 val_prompts is not given (rounded up; 0 = no validation), in [0, 1).
             val_size: At most this many validation prompts (the first ones of val_prompts, or
@@ -158,12 +137,7 @@ class PromptDataModule(LightningDataModule):
     # -- ranks ----------------------------------------------------------------------------------
 
     def data_parallel(self) -> tuple[int, int]:
-        """(rank, world size) of data parallelism.
-
-        From the attached trainer's strategy first (with 2-D parallelism this is the data-parallel
-        dimension, so tensor-parallel peers get the same prompts), else from an initialised
-        ``torch.distributed``, else ``(0, 1)``.
-        """
+        """(rank, world size) of data parallelism."""
         trainer = self.trainer
         if trainer is not None and (kwargs := trainer.distributed_sampler_kwargs):
             return kwargs["rank"], kwargs["num_replicas"]

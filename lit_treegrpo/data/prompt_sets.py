@@ -1,21 +1,4 @@
-"""Prompts from a file or a built-in set (``--data.prompts PATH_OR_NAME``), checked as they load.
-
-- ``.txt``: one prompt per line; blank lines skipped, surrounding whitespace stripped.
-- ``.jsonl``: one JSON object per line with a ``prompt`` string; its other fields become the
-  prompt's ``metadata`` dict.
-- ``.csv``: a header row with a ``prompt`` column; the other columns become ``metadata``.
-- a built-in set shipped in ``lit_treegrpo/data/prompts/`` (:func:`available_prompt_sets`):
-  ``hpdv2_style`` (300 prompts in the HPDv2 style: photo, anime, concept art, painting),
-  ``animals`` (100 simple animal prompts), ``shapes`` (the 24 "a {colour} {shape}" prompts of the
-  Shapes world) and ``shapes_world`` (its whole grammar, 360 prompts with size and position words:
-  :func:`lit_treegrpo.shapes.world.all_prompts`).
-
-Every prompt must be printable text (a NUL or another control character is refused, naming the
-line), and a file is read only up to :data:`MAX_PROMPT_FILE_BYTES`. A prompt longer than
-:data:`~lit_treegrpo.common.text.MAX_PROMPT_CHARS` characters is cut there, with one warning, before
-anything tokenises it (tokenisers read the whole string first); truncating to the text encoder's
-token limit is the model adapter's business (it warns).
-"""
+"""Prompts from a file or a built-in set (``--data.prompts PATH_OR_NAME``), checked as they load."""
 
 from __future__ import annotations
 
@@ -66,11 +49,7 @@ def available_prompt_sets() -> list[str]:
 
 
 def load_prompts(source: str, *, option: str = "--data.prompts") -> PromptSet:
-    """Load prompts from a ``.txt`` / ``.jsonl`` / ``.csv`` file or a built-in set name.
-
-    Every problem raises ``FileNotFoundError`` or ``ValueError`` with a one-line message that starts
-    with ``option`` and says how to fix it. Duplicate prompts are kept, with one warning.
-    """
+    """Load prompts from a ``.txt`` / ``.jsonl`` / ``.csv`` file or a built-in set name."""
     path = Path(source).expanduser()
     if path.is_file():
         name, suffix = str(path), path.suffix.lower()

@@ -1,16 +1,4 @@
-"""The stateless, data-parallel training stream of prompts, and the fixed evaluation batches.
-
-The training stream is infinite and has no state: there is a global sequence of prompt indices
-whose position ``j`` holds ``perm(seed, epoch=j // N)[j % N]``, a fresh seeded permutation of the
-``N`` training prompts on every pass (so each pass shows every prompt once), and training batch
-``k`` on data-parallel rank ``r`` of ``W`` takes positions ``[k·G + r·B, k·G + (r+1)·B)`` with
-``B`` prompts per rank and ``G = B·W`` (:func:`lit_treegrpo.data.datamodule.resolve_batch_size` derives ``B``
-from ``--data.batch_size`` / ``--data.global_batch_size``). Batch ``k`` is therefore a pure
-function of ``(seed, k, rank, W, prompts)``: ranks see different prompts, runs repeat exactly, and
-a resumed run continues exactly by starting at the right ``k``
-(:attr:`lit_treegrpo.data.PromptDataModule.start_index`). The permutation is our own Fisher-Yates
-shuffle over a SplitMix64 generator, so it does not change with the torch or numpy version either.
-"""
+"""The stateless, data-parallel training stream of prompts, and the fixed evaluation batches."""
 
 from __future__ import annotations
 
@@ -25,10 +13,7 @@ from .prompt_sets import PromptSet
 
 
 class PromptBatch(NamedTuple):
-    """The prompts of one step on one rank; Lightning moves it to a device unchanged (no tensors).
-
-    ``len(batch)`` is the tuple's length (3): count prompts with ``len(batch.prompts)``.
-    """
+    """The prompts of one step on one rank; Lightning moves it to a device unchanged (no tensors)."""
 
     prompts: list[str]
     """This rank's prompts for the step."""
@@ -48,12 +33,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def prompt_permutation(n: int, *key: int | str) -> list[int]:
-    """A permutation of ``range(n)`` that depends only on ``key`` (e.g. ``("stream", seed, epoch)``).
-
-    Fisher-Yates driven by SplitMix64 (Steele, Lea & Flood 2014) seeded from a blake2b hash of the
-    key: stable across platforms and library versions, so checkpoints resume exactly anywhere.
-    Index draws use the multiply-shift map ``(z · (i+1)) >> 64`` (bias below ``n / 2**64``).
-    """
+    """A permutation of ``range(n)`` that depends only on ``key`` (e.g. ``("stream", seed, epoch)``)."""
     state = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
     perm = list(range(n))
     for i in range(n - 1, 0, -1):
@@ -74,12 +54,7 @@ def _worker_slice() -> tuple[int, int]:
 
 
 class PromptStream(IterableDataset):
-    """The infinite training stream of one data-parallel rank (see the module docstring).
-
-    Iterating yields :class:`PromptBatch` ``start_index, start_index + 1, ...`` forever. Under a
-    multi-worker ``DataLoader`` worker ``w`` of ``n`` yields batches ``start_index + w + i·n``, which
-    the loader interleaves back into order.
-    """
+    """The infinite training stream of one data-parallel rank (see the module docstring)."""
 
     def __init__(
         self,
@@ -160,15 +135,7 @@ class PromptChunks(IterableDataset):
 def eval_batches(
     prompt_set: PromptSet, batch_size: int, *, rank: int = 0, world_size: int = 1, pad: bool = True
 ) -> list[PromptBatch]:
-    """This rank's share of fixed evaluation prompts, in order.
-
-    The prompts are cut into chunks of ``batch_size`` (the last may be shorter) numbered
-    ``c = 0 .. C-1``, independently of the world size; rank ``r`` takes chunks ``r, r+W, ...``.
-    With ``pad`` (validation / test) every rank gets ``ceil(C / W)`` chunks, ranks short of one
-    repeating chunk ``(r + i·W) mod C`` like ``DistributedSampler`` pads: equal counts keep
-    collective ops (FSDP forwards, ``sync_dist``) in step; a repeat keeps its chunk's ``index``.
-    Without ``pad`` (predict) each prompt appears exactly once over all ranks.
-    """
+    """This rank's share of fixed evaluation prompts, in order."""
     prompts, metadata = prompt_set
     chunks = [
         PromptBatch(prompts[s : s + batch_size], c, [dict(m) for m in metadata[s : s + batch_size]])

@@ -25,7 +25,7 @@ from ..common.hub import local_or_hub_id, require_hub
 from ..core.loss import check_kl_reference
 from ..core.steps import StepOutput
 from .lora import LoraSettings, attach_lora, lora_metadata, lora_state_dict, unused_submodules
-from .precision import LOW, fsdp_policy, to_master_weights, warn_low_precision_weights
+from .precision import LOW, fsdp_policy, to_master_weights, warn_low_precision_weights, weights_dtype
 from .text import TruncationWarner
 
 Cond = dict[str, Tensor]  # tensors with the prompt dimension first
@@ -284,7 +284,7 @@ class DiffusionAdapter(nn.Module, ABC):
     def dtype(self) -> torch.dtype:
         """Dtype of the latents and of the denoiser's computation: its weights' (LoRA weights may be
         float32), or the compute dtype over float32 master weights."""
-        return self._compute_dtype or self.denoiser.dtype
+        return self._compute_dtype or weights_dtype(self.denoiser)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters the optimizer should see (LoRA only, or the whole denoiser)."""

@@ -1,7 +1,5 @@
-"""What every rectified-flow family shares: a ``FlowMatchEulerDiscreteScheduler`` sigma table and the
-flow SDE / ODE step (:func:`lit_treegrpo.core.steps.flow_sde_step`). SD3 / SD3.5 and the Shapes
-model subclass :class:`FlowMatchingAdapter`; they differ in their denoiser, text encoders and decoder.
-"""
+"""What every rectified-flow family shares: a ``FlowMatchEulerDiscreteScheduler`` sigma table and the flow SDE / ODE
+step (:func:`lit_treegrpo.core.steps.flow_sde_step`)."""
 
 from __future__ import annotations
 
@@ -16,13 +14,7 @@ from .base import DiffusionAdapter, ScheduleTables
 
 
 class FlowMatchingAdapter(DiffusionAdapter):
-    """A :class:`DiffusionAdapter` whose model predicts the flow velocity ``v = eps - x0``.
-
-    Deterministic steps are the scheduler's Euler step (so a rollout reproduces the family's diffusers
-    pipeline); stochastic steps use ``dynamics`` ``flow_sde`` (Flow-GRPO, ``noise_level`` 0.7),
-    ``dance_sde`` (DanceGRPO, 0.3) or ``cps`` (coefficients-preserving sampling, about 0.8).
-    Subclasses call :meth:`_init_flow` and :meth:`_set_schedule`.
-    """
+    """A :class:`DiffusionAdapter` whose model predicts the flow velocity ``v = eps - x0``."""
 
     noise_level: float
     dynamics: SDEDynamics

@@ -1,20 +1,4 @@
-"""FLUX.1 (-dev and -schnell): ``FluxTransformer2DModel`` + rectified-flow SDE.
-
-What differs from SD3 (:mod:`.sd3`), each done as ``FluxPipeline`` does it so that a deterministic
-rollout reproduces the pipeline:
-
-- latents are *packed*: the state the tree carries is [B, (h/2)(w/2), 4C] (2x2 latent patches as
-  tokens), with fixed positional image ids [(h/2)(w/2), 3] and all-zero text ids;
-- conditioning is T5's token embeddings plus CLIP's pooled embedding;
-- the sigma schedule is ``linspace(1, 1/T, T)`` shifted by ``mu = calculate_shift(tokens)`` when the
-  scheduler asks for dynamic shifting (FLUX.1-dev), so it depends on the resolution;
-- ``guidance_scale`` is an *input* of the guidance-distilled transformer (FLUX.1-dev), not
-  classifier-free guidance: one forward per step. True CFG with a negative prompt, two forwards
-  batched as one, is opt-in through ``true_cfg_scale`` > 1 (FluxPipeline's option).
-
-FLUX's GRPO papers (DanceGRPO, BranchGRPO, MixGRPO) sample with a fixed shift of 3 instead of the
-dynamic one; ``shift`` selects that.
-"""
+"""FLUX.1 (-dev and -schnell): ``FluxTransformer2DModel`` + rectified-flow SDE."""
 
 from __future__ import annotations
 
@@ -66,16 +50,12 @@ class FluxAdapter(FlowMatchingAdapter):
         max_sequence_length: T5 tokens (FluxPipeline's default 512; -schnell allows 256).
         lora: LoRA settings on the attention of the double- and single-stream blocks (``None``:
             fine-tune the whole transformer).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
-            is cast to it too).
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
-        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
-            their names); the first iteration pays the compilation. Not with FSDP2.
-        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
-            weights and computes in ``torch_dtype`` under autocast (default); false trains the
-            low-precision weights themselves, which lose most small updates (warned).
+        compile: ``torch.compile`` the denoiser in place (names, LoRA and checkpoints unchanged); not with FSDP2.
+        master_weights: full fine-tuning in bfloat16 / float16 keeps float32 master weights (false: warned).
     """
 
     lora_layers_arg = "transformer"
@@ -135,6 +115,14 @@ class FluxAdapter(FlowMatchingAdapter):
         self.vae = pipe.vae
         self.text_encoder = pipe.text_encoder
         self.text_encoder_2 = pipe.text_encoder_2
+        self._setup_latents(pipe, resolution)
+        self._setup_schedule(shift)
+        self._setup_training(FLUX_LORA_TARGETS)
+
+    def _setup_latents(self, pipe: Any, resolution: int | None) -> None:
+        """The resolution, the packed latents' shape and the positions of their tokens."""
+        from diffusers import FluxPipeline
+
         self.vae_scale_factor = pipe.vae_scale_factor
         self.resolution = resolution or pipe.default_sample_size * self.vae_scale_factor
         multiple = self.vae_scale_factor * 2  # the VAE's factor times the 2x2 packing
@@ -146,8 +134,6 @@ class FluxAdapter(FlowMatchingAdapter):
         self._img_ids = FluxPipeline._prepare_latent_image_ids(
             1, self.latent_side // 2, self.latent_side // 2, "cpu", torch.float32
         )
-        self._setup_schedule(shift)
-        self._setup_training(FLUX_LORA_TARGETS)
 
     @staticmethod
     def _load(path: str, dtype: torch.dtype, revision: str | None, variant: str | None):

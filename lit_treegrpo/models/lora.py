@@ -1,9 +1,4 @@
-"""LoRA through peft on a diffusers denoiser: attach, export in the diffusers format, load back.
-
-The exported folder is what ``pipe.load_lora_weights(folder)`` of a plain diffusers pipeline
-reads (``pytorch_lora_weights.safetensors`` with the adapter's rank/alpha metadata), so a trained
-policy leaves this project as an ordinary diffusers LoRA.
-"""
+"""LoRA through peft on a diffusers denoiser: attach, export in the diffusers format, load back."""
 
 from __future__ import annotations
 
@@ -64,10 +59,7 @@ class LoraSettings:
 def attach_lora(
     model: nn.Module, settings: LoraSettings, default_targets: tuple[str, ...], exclude: tuple[str, ...] = ()
 ) -> None:
-    """Add a peft LoRA adapter to a diffusers model; only its weights require grad, in float32.
-
-    ``exclude``: full names of modules that the targets match but that must get no LoRA (layers
-    whose output the model never uses: their LoRA would get no gradient, which DDP refuses)."""
+    """Add a peft LoRA adapter to a diffusers model; only its weights require grad, in float32."""
     from peft import LoraConfig
 
     targets = list(settings.target_modules or default_targets)
@@ -93,12 +85,7 @@ def attach_lora(
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights in peft's key format, which every diffusers LoRA loader reads.
-
-    (``convert_state_dict_to_diffusers`` would rename attention projections to the legacy
-    ``lora.down``/``lora.up`` names but not SD3's ``add_*_proj``, and the SD3 loader then drops
-    the renamed half silently.)
-    """
+    """The adapter's weights in peft's key format, which every diffusers LoRA loader reads."""
     from peft.utils import get_peft_model_state_dict
 
     return get_peft_model_state_dict(model)

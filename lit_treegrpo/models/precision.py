@@ -1,7 +1,5 @@
-"""Float32 master weights for a denoiser fully fine-tuned in bfloat16 / float16: such a weight keeps 8
-(bf16) or 11 (fp16) significant bits, so an AdamW step of lr 1e-5 rounds away on most weights. The
-adapter keeps the trained weights in float32 and computes in the low dtype under autocast; under
-FSDP2, :func:`fsdp_policy` gathers the float32 shards in the low dtype and reduces in float32."""
+"""Float32 master weights for a denoiser fully fine-tuned in bfloat16 / float16: such a weight keeps 8 (bf16) or 11
+(fp16) significant bits, so an AdamW step of lr 1e-5 rounds away on most weights."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def warn_low_precision_weights(low: torch.dtype) -> None:
 
 
 def fsdp_policy(compute: torch.dtype | None) -> dict[str, Any]:
-    """``fully_shard``'s mixed-precision keyword for float32 masters computing in ``compute`` (none
-    without masters). Inputs are left as the adapter casts them, as on one device."""
+    """``fully_shard``'s mixed-precision keyword for float32 masters computing in ``compute`` (none without masters)."""
     if compute is None:
         return {}
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -41,3 +38,14 @@ def fsdp_policy(compute: torch.dtype | None) -> dict[str, Any]:
     return {
         "mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
     }
+
+
+def weights_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype diffusers' ``ModelMixin.dtype`` gives (the first floating-point weight outside the modules kept in
+    float32), read without its walk over every submodule for layerwise-casting hooks, which this package never
+    attaches."""
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not any(m in name for m in keep):
+            return param.dtype
+    return model.dtype  # no such weight: diffusers' own rule (its buffers, its last dtype)

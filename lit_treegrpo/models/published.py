@@ -1,11 +1,7 @@
 """The real targets' published architectures, written down as config dicts (each checkpoint's
 ``config.json`` on the hub), so that they can be built without their weights: on the meta device
 for parameter counts and LoRA targets (``tests/models/test_real_configs.py``), or at real width and
-reduced depth with random weights (``benchmarks/real_width.py``).
-
-:data:`TARGETS` names each target's denoiser (and Wan2.2 A14B's two experts), the config file that
-trains it and the LoRA that file configures; :data:`COMPONENTS` its text encoders and VAE.
-"""
+reduced depth with random weights (``benchmarks/real_width.py``)."""
 
 from __future__ import annotations
 

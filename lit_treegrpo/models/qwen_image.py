@@ -1,20 +1,4 @@
-"""Qwen-Image (text-to-image, 20B MMDiT): ``QwenImageTransformer2DModel`` + rectified-flow SDE.
-
-Each part as ``QwenImagePipeline`` does it, so that a deterministic rollout reproduces the pipeline:
-
-- text: Qwen2.5-VL's last hidden state over a chat template, whose 34 system-prompt tokens are
-  dropped; each prompt keeps its own length, so the embeddings come with a mask ([P, L] ones, then
-  zeros) and a batch is padded to its longest prompt. The adapter pads the prompts and the negative
-  prompt to one length, so that [uncond; cond] run as one forward; padding is masked out of the
-  attention and sits after the text, whose RoPE positions it does not move;
-- latents: 2 x 2 patches *packed* as tokens, [B, (h/2)(w/2), 4C] (the VAE is Wan's, with a frame
-  axis of one); the model's ``img_shapes`` give the grid for its 3-D RoPE;
-- schedule: ``linspace(1, 1/T, T)`` through the scheduler with the resolution's ``mu``
-  (:meth:`~.flow.FlowMatchingAdapter._set_token_schedule`, as FLUX);
-- guidance: *true* CFG with a negative prompt (``true_cfg_scale``; Qwen-Image is not distilled),
-  and the combined velocity rescaled per token to the norm of the conditional one
-  (``comb * |cond| / |comb|``), which the pipeline does and the peers' GRPO code (verl) trains with.
-"""
+"""Qwen-Image (text-to-image, 20B MMDiT): ``QwenImageTransformer2DModel`` + rectified-flow SDE."""
 
 from __future__ import annotations
 
@@ -47,10 +31,9 @@ def pad_sequence(x: Tensor, length: int) -> Tensor:
 
 
 def unused_text_outputs(transformer: Any) -> tuple[str, ...]:
-    """The last block's text-stream layers whose output goes nowhere: the model's output is read
-    from the image stream only, so the text tokens' attention output (``attn.add_q_proj`` and its
-    QK-norm ``attn.norm_added_q``, ``attn.to_add_out``) and the text MLP (``txt_mlp``) after the last
-    joint attention never get a gradient. (The text keys and values do: the image attends to them.)"""
+    """The last block's text-stream layers whose output goes nowhere: the model's output is read from the image stream
+    only, so the text tokens' attention output (``attn.add_q_proj`` and its QK-norm ``attn.norm_added_q``,
+    ``attn.to_add_out``) and the text MLP (``txt_mlp``) after the last joint attention never get a gradient."""
     last = len(transformer.transformer_blocks) - 1
     present = dict(transformer.transformer_blocks[last].named_modules())
     names = ("attn.add_q_proj", "attn.norm_added_q", "attn.to_add_out", "txt_mlp")
@@ -71,18 +54,14 @@ class QwenImageAdapter(FlowMatchingAdapter):
             DanceGRPO SDE, or CPS's (0, 1] level.
         dynamics: ``flow_sde``, ``dance_sde`` or ``cps`` for the stochastic steps.
         height, width: image size in pixels, multiples of 16 (the VAE's 8 times the 2 x 2 packing).
-        max_sequence_length: the most text tokens kept per prompt after the template (the pipeline
-            allows 1024).
+        max_sequence_length: the most text tokens kept per prompt after the template (the pipeline allows 1024).
         lora: LoRA settings on the joint attention (``None``: fine-tune the whole transformer).
-        torch_dtype: weights dtype of every component (the pipeline's examples load bfloat16); a
-            pipeline handed in built is cast to it too.
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
-        compile: ``torch.compile`` the denoiser (in place); not with FSDP2.
-        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
-            weights and computes in ``torch_dtype`` under autocast (default); false trains the
-            low-precision weights themselves, which lose most small updates (warned).
+        compile: ``torch.compile`` the denoiser in place (names, LoRA and checkpoints unchanged); not with FSDP2.
+        master_weights: full fine-tuning in bfloat16 / float16 keeps float32 master weights (false: warned).
     """
 
     lora_layers_arg = "transformer"
@@ -139,7 +118,13 @@ class QwenImageAdapter(FlowMatchingAdapter):
         self.denoiser = pipe.transformer
         self.vae = pipe.vae
         self.text_encoder = pipe.text_encoder
-        self.vae_scale_factor = pipe.vae_scale_factor
+        self._setup_latents(pipe.vae_scale_factor, height, width)
+        self._set_token_schedule(pipe.scheduler, self._grid[1] * self._grid[2])
+        self._setup_training(QWEN_IMAGE_LORA_TARGETS)
+
+    def _setup_latents(self, vae_scale_factor: int, height: int, width: int) -> None:
+        """The image size and the packed latents' shape and token grid."""
+        self.vae_scale_factor = vae_scale_factor
         multiple = self.vae_scale_factor * 2  # the VAE's factor times the 2 x 2 packing
         for name, value in (("height", height), ("width", width)):
             if value < multiple or value % multiple:
@@ -147,8 +132,6 @@ class QwenImageAdapter(FlowMatchingAdapter):
         self.height, self.width = height, width
         self.latent_channels = self.denoiser.config.in_channels // 4  # [C] before packing
         self._grid = (1, height // multiple, width // multiple)  # (frames, h/2, w/2) of the packed tokens
-        self._set_token_schedule(pipe.scheduler, self._grid[1] * self._grid[2])
-        self._setup_training(QWEN_IMAGE_LORA_TARGETS)
 
     @staticmethod
     def _load(path: str, dtype: torch.dtype, revision: str | None, variant: str | None):

@@ -1,9 +1,4 @@
-"""Stable Diffusion 1.x / 2.x: ``UNet2DConditionModel`` + DDIM with stochasticity ``eta`` (DDPO).
-
-The policy of a step is DDPO's DDIM Gaussian (:func:`lit_treegrpo.core.steps.ddim_step`); with
-``eta = 0`` (deterministic steps) the adapter reproduces ``StableDiffusionPipeline`` with a
-``DDIMScheduler`` exactly. Epsilon- and v-prediction checkpoints (SD 2.x 768) are supported.
-"""
+"""Stable Diffusion 1.x / 2.x: ``UNet2DConditionModel`` + DDIM with stochasticity ``eta`` (DDPO)."""
 
 from __future__ import annotations
 
@@ -37,16 +32,12 @@ class SD15Adapter(DiffusionAdapter):
         negative_prompt: unconditional prompt of CFG.
         resolution: image side in pixels; ``None`` uses the UNet's native size.
         lora: LoRA settings (``None``: fine-tune the whole UNet).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
-            is cast to it too).
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
-        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
-            their names); the first iteration pays the compilation. Not with FSDP2.
-        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
-            weights and computes in ``torch_dtype`` under autocast (default); false trains the
-            low-precision weights themselves, which lose most small updates (warned).
+        compile: ``torch.compile`` the denoiser in place (names, LoRA and checkpoints unchanged); not with FSDP2.
+        master_weights: full fine-tuning in bfloat16 / float16 keeps float32 master weights (false: warned).
         channels_last: keep the UNet's convolutions in channels-last memory format (faster
             convolutions on recent GPUs; the same numbers up to float rounding).
     """

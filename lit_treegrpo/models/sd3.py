@@ -1,12 +1,4 @@
-"""Stable Diffusion 3 / 3.5: ``SD3Transformer2DModel`` + rectified-flow SDE (Flow-GRPO).
-
-The sigma schedule is ``FlowMatchEulerDiscreteScheduler``'s (its ``shift``, and the resolution-
-dependent shift when the config asks for dynamic shifting); stochastic steps use
-:func:`lit_treegrpo.core.steps.flow_sde_step` with ``dynamics`` ``flow_sde`` (noise level 0.7, the
-papers' setting) or ``dance_sde``; deterministic steps are the scheduler's Euler step, so the
-adapter reproduces ``StableDiffusion3Pipeline`` exactly. T5 can be dropped (zeros in its place, as
-diffusers allows) to save its ~9 GB.
-"""
+"""Stable Diffusion 3 / 3.5: ``SD3Transformer2DModel`` + rectified-flow SDE (Flow-GRPO)."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ class SD3Adapter(FlowMatchingAdapter):
     """SD3 / SD3.5 as a tree-rollout policy.
 
     Args:
-        pretrained: a local folder or hub id of a diffusers SD3 checkpoint, or a
-            ``StableDiffusion3Pipeline``.
+        pretrained: a local folder or hub id of a diffusers SD3 checkpoint, or a ``StableDiffusion3Pipeline``.
         num_steps: denoising steps (the papers: 10).
         guidance_scale: CFG weight (the papers: 4.5); <= 1 disables CFG.
         noise_level: ``a`` of the Flow-GRPO SDE (0.7) or ``eta`` of the DanceGRPO SDE (0.3).
@@ -37,16 +28,12 @@ class SD3Adapter(FlowMatchingAdapter):
         use_t5: load and run the T5 encoder; ``False`` feeds zeros in its place.
         max_sequence_length: T5 tokens (Flow-GRPO uses 128; diffusers' default 256).
         lora: LoRA settings (``None``: fine-tune the whole transformer).
-        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16`` (a pipeline handed in built
-            is cast to it too).
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: images per VAE decode call.
-        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
-            their names); the first iteration pays the compilation. Not with FSDP2.
-        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
-            weights and computes in ``torch_dtype`` under autocast (default); false trains the
-            low-precision weights themselves, which lose most small updates (warned).
+        compile: ``torch.compile`` the denoiser in place (names, LoRA and checkpoints unchanged); not with FSDP2.
+        master_weights: full fine-tuning in bfloat16 / float16 keeps float32 master weights (false: warned).
     """
 
     lora_layers_arg = "transformer"
@@ -197,9 +184,8 @@ class SD3Adapter(FlowMatchingAdapter):
 
 
 def sd3_unused_modules(transformer: torch.nn.Module) -> tuple[str, ...]:
-    """The last block's text-query projection and its QK-norm: that block keeps the image stream
-    only (``context_pre_only``), so the text tokens' attention output is dropped and these never get
-    a gradient. (Its text keys and values do: the image attends to them.)"""
+    """The last block's text-query projection and its QK-norm: that block keeps the image stream only
+    (``context_pre_only``), so the text tokens' attention output is dropped and these never get a gradient."""
     last = len(transformer.transformer_blocks) - 1
     attn = transformer.transformer_blocks[last].attn
     return tuple(

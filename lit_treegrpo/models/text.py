@@ -1,6 +1,5 @@
-"""Text-encoder helpers every adapter shares: refusing a tokenizer that loaded empty, and counting
-(and warning once about) prompts cut at an encoder's token limit instead of the libraries' own
-log line on every call."""
+"""Text-encoder helpers every adapter shares: refusing a tokenizer that loaded empty, and counting (and warning once
+about) prompts cut at an encoder's token limit instead of the libraries' own log line on every call."""
 
 from __future__ import annotations
 
@@ -22,11 +21,7 @@ class PromptTruncationWarning(UserWarning):
 
 
 def token_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
-    """Tokens per prompt, special tokens included, without truncation.
-
-    ``tokenizer``: a Hugging Face tokenizer, or any callable mapping a list of prompts to a list
-    of token-id sequences (or to a mapping with ``input_ids``).
-    """
+    """Tokens per prompt, special tokens included, without truncation."""
     if hasattr(tokenizer, "model_max_length"):  # Hugging Face: no "sequence too long" log line
         ids = tokenizer(list(prompts), truncation=False, verbose=False)["input_ids"]
     else:
@@ -37,16 +32,7 @@ def token_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
 
 class TruncationWarner:
     """Warns once per text encoder (per adapter, so once per run) when prompts exceed the
-    encoder's token limit, with how many of the batch were truncated; counts every call.
-
-    An adapter keeps one and calls it on each batch of prompts before encoding them::
-
-        self.truncation = TruncationWarner()
-        ...
-        self.truncation(self.pipeline.tokenizer, prompts, 77, "CLIP")
-
-    ``truncated`` / ``seen`` hold, per encoder name, the prompts truncated and checked so far.
-    """
+    encoder's token limit, with how many of the batch were truncated; counts every call."""
 
     def __init__(self) -> None:
         self.truncated: dict[str, int] = {}
@@ -54,14 +40,7 @@ class TruncationWarner:
 
     def __call__(self, tokenizer: Any, prompts: Sequence[str], max_length: int, encoder: str) -> int:
         """Count (and, the first time for ``encoder``, warn about) the prompts with more than
-        ``max_length`` tokens (special tokens included); returns how many there are in ``prompts``.
-
-        Args:
-            tokenizer: a Hugging Face tokenizer, or a callable ``list[str] -> list of id sequences``.
-            prompts: the prompts about to be encoded.
-            max_length: the encoder's limit in tokens (CLIP: 77; T5: ``max_sequence_length``).
-            encoder: the encoder's name in the message and the counters, e.g. ``"CLIP"``, ``"T5"``.
-        """
+        ``max_length`` tokens (special tokens included); returns how many there are in ``prompts``."""
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         lengths = token_lengths(tokenizer, prompts)

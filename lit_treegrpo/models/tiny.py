@@ -1,9 +1,4 @@
-"""Tiny, seeded model components built from configs, for tests and smoke runs (no downloads).
-
-Tokenizers are written by code: a byte-level CLIP BPE vocabulary without merges (every word is
-spelled out byte by byte, so every string tokenizes, offline). ``save_pretrained`` of anything
-built here gives a local folder that exercises the real ``from_pretrained`` loading path.
-"""
+"""Tiny, seeded model components built from configs, for tests and smoke runs (no downloads)."""
 
 from __future__ import annotations
 
@@ -32,11 +27,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def write_clip_vocab(folder: str | Path) -> tuple[Path, Path]:
-    """Write ``vocab.json`` and ``merges.txt`` of a 514-token byte-level CLIP BPE into ``folder``.
-
-    Token ids: 0-255 bytes, 256-511 word-final bytes (``</w>``), 512 ``<|startoftext|>``,
-    513 ``<|endoftext|>`` (also the padding token).
-    """
+    """Write ``vocab.json`` and ``merges.txt`` of a 514-token byte-level CLIP BPE into ``folder``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     alphabet = list(_bytes_to_unicode().values())
@@ -135,10 +126,7 @@ def _tiny_vae(latent_channels: int, **extra):
 
 
 def tiny_sd15_pipeline(seed: int = 0, folder: str | Path | None = None, prediction_type: str = "epsilon"):
-    """A seeded SD 1.5-shaped ``StableDiffusionPipeline`` (~0.2M parameters, 32 px images).
-
-    ``folder`` holds the tokenizer files (a temporary folder if omitted).
-    """
+    """A seeded SD 1.5-shaped ``StableDiffusionPipeline`` (~0.2M parameters, 32 px images)."""
     import tempfile
 
     import torch
@@ -185,11 +173,7 @@ def tiny_sd15_pipeline(seed: int = 0, folder: str | Path | None = None, predicti
 
 
 def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: bool = True, sd35: bool = True):
-    """A seeded SD3-shaped ``StableDiffusion3Pipeline`` (two CLIPs, optional tiny T5, 32 px).
-
-    ``sd35``: SD3.5-Medium's block options, RMS QK-norm and dual attention (an image-only second
-    attention) in the first of the two blocks, as the real model has in blocks 0-12 of 24; False:
-    SD3-Medium's blocks, without either."""
+    """A seeded SD3-shaped ``StableDiffusion3Pipeline`` (two CLIPs, optional tiny T5, 32 px)."""
     import tempfile
 
     import torch
@@ -236,9 +220,8 @@ def tiny_sd3_pipeline(seed: int = 0, folder: str | Path | None = None, with_t5: 
 
 
 def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell: bool = False):
-    """A seeded FLUX.1-shaped ``FluxPipeline`` (CLIP pooled + tiny T5, 1 double- and 1 single-stream
-    block, 32 px; heads of 32 dims split by RoPE as FLUX.1's 128 are, 16:56:56). FLUX.1-dev's shape by default: a guidance embedding and the scheduler's dynamic
-    shift; ``schnell``: neither, with a fixed shift of 1, as FLUX.1-schnell."""
+    """A seeded FLUX.1-shaped ``FluxPipeline`` (CLIP pooled + tiny T5, 1 double- and 1 single-stream block, 32 px;
+    heads of 32 dims split by RoPE as FLUX.1's 128 are, 16:56:56)."""
     import tempfile
 
     import torch

@@ -1,16 +1,5 @@
-"""A tiny, seeded Qwen-Image-shaped ``QwenImagePipeline`` built from configs (no downloads), for
-tests and the ``configs/tiny_qwen_image.yaml`` smoke run. ``save_pretrained`` of it writes a folder
-that exercises :class:`~lit_treegrpo.models.qwen_image.QwenImageAdapter`'s real loading path.
-
-Shapes: transformer 2 double-stream blocks x 2 heads x 32 dims over Qwen-Image's 16 latent channels
-(64 packed), RoPE axes in Qwen-Image's proportions (16:56:56 of 128 dims: 4, 14, 14); Qwen2.5-VL 2
-layers of width 64, 4 query heads sharing 2 key-value heads (grouped-query attention, as the 7B's 28
-and 4) of 16 dims split by its multimodal RoPE as the 7B's 128 are (16:24:24: 2, 3, 3), its vision
-tower (unused for text) 2 layers; Qwen-Image's VAE at base width 4 with its 8x spatial compression;
-Qwen-Image's scheduler config (dynamic exponential shift). The tokenizer is written by code: Qwen's chat-template tokens and words are
-whole tokens, so the template's system prompt is 34 tokens as with the real tokenizer (the pipeline
-drops exactly 34); any other word is spelled character by character.
-"""
+"""A tiny, seeded Qwen-Image-shaped ``QwenImagePipeline`` built from configs (no downloads), for tests and the
+``configs/tiny_qwen_image.yaml`` smoke run."""
 
 from __future__ import annotations
 
@@ -66,6 +55,39 @@ def tiny_qwen_tokenizer(model_max_length: int = 2048):
     )
 
 
+def _tiny_qwen_text_encoder(tokenizer: Any, vocab: int) -> Any:
+    """A tiny Qwen2.5-VL text encoder (its weights drawn from the global RNG, seeded by the caller)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"},
+        rope_theta=1e6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64),
+            vocab_size=vocab,
+            vision_start_token_id=vocab - 4,
+            image_token_id=vocab - 3,
+            video_token_id=vocab - 2,
+            vision_end_token_id=vocab - 1,
+            bos_token_id=None,
+            eos_token_id=text["eos_token_id"],
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
 def tiny_qwen_image_pipeline(seed: int = 0):
     """A seeded ``QwenImagePipeline`` (~0.3M parameters) with Qwen-Image's scheduler config."""
     import torch
@@ -75,7 +97,6 @@ def tiny_qwen_image_pipeline(seed: int = 0):
         QwenImagePipeline,
         QwenImageTransformer2DModel,
     )
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     tokenizer = tiny_qwen_tokenizer()
     vocab = 128  # > the tokenizer's ids; the vision-token ids sit above them, never produced by text
@@ -101,33 +122,7 @@ def tiny_qwen_image_pipeline(seed: int = 0):
         latents_std=[1.0] * 16,
     )
     torch.manual_seed(seed + 2)
-    text = dict(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab,
-        rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"},
-        rope_theta=1e6,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
-            text_config=text,
-            vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64),
-            vocab_size=vocab,
-            vision_start_token_id=vocab - 4,
-            image_token_id=vocab - 3,
-            video_token_id=vocab - 2,
-            vision_end_token_id=vocab - 1,
-            bos_token_id=None,
-            eos_token_id=text["eos_token_id"],
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    text_encoder = _tiny_qwen_text_encoder(tokenizer, vocab)
     scheduler = FlowMatchEulerDiscreteScheduler(  # Qwen/Qwen-Image's scheduler_config.json
         base_image_seq_len=256,
         base_shift=0.5,

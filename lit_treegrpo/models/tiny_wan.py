@@ -1,11 +1,5 @@
-"""A tiny, seeded Wan2.1-shaped ``WanPipeline`` built from configs (no downloads), for tests and
-the ``configs/tiny_wan.yaml`` smoke run. ``save_pretrained`` of it writes a folder that exercises
-:class:`~lit_treegrpo.models.wan.WanAdapter`'s real loading path.
-
-Shapes (diffusers' own Wan test sizes): transformer 2 layers x 2 heads x 12 dims, patch (1, 2, 2),
-UMT5 2 layers x 32 dims, VAE base width 3 with Wan's 16 latent channels and 4x temporal / 8x
-spatial compression; the default video is 9 frames of 32 x 32 px (latents [16, 3, 4, 4]).
-"""
+"""A tiny, seeded Wan2.1-shaped ``WanPipeline`` built from configs (no downloads), for tests and the
+``configs/tiny_wan.yaml`` smoke run."""
 
 from __future__ import annotations
 
@@ -80,13 +74,7 @@ def tiny_wan_pipeline(seed: int = 0, shift: float = 3.0):
 
 
 def tiny_wan22_pipeline(seed: int = 0, kind: Wan22 = "a14b", shift: float = 5.0):
-    """A seeded Wan2.2-shaped ``WanPipeline`` with a ``FlowMatchEulerDiscreteScheduler(shift)``.
-
-    ``kind``: ``ti2v`` (TI2V-5B's shape: one transformer over the Wan2.2 VAE's 48 latent channels,
-    patchified by 2 and compressed 16x in space, one timestep per token; the VAE with the real one's
-    blocks, residual shortcuts and decoder wider than its encoder, at 1/32 of its widths) or ``a14b`` (T2V-A14B's
-    shape: two experts on the Wan2.1 VAE, switching at ``boundary_ratio`` 0.875 as the real one).
-    """
+    """A seeded Wan2.2-shaped ``WanPipeline`` with a ``FlowMatchEulerDiscreteScheduler(shift)``."""
     import torch
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
 
@@ -156,9 +144,8 @@ class TinyWanAdapter(WanAdapter):
 
 
 class TinyWan22Adapter(WanAdapter):
-    """:class:`WanAdapter` over :func:`tiny_wan22_pipeline` (``kind`` ``ti2v`` or ``a14b``); defaults
-    to 9 frames of 64 x 64 px (TI2V: latents [48, 3, 4, 4]) or 32 x 32 px (A14B: [16, 3, 4, 4]) and
-    32 UMT5 tokens. Every other option is WanAdapter's."""
+    """:class:`WanAdapter` over :func:`tiny_wan22_pipeline` (``kind`` ``ti2v`` or ``a14b``); defaults to 9 frames of 64
+    x 64 px (TI2V: latents [48, 3, 4, 4]) or 32 x 32 px (A14B: [16, 3, 4, 4]) and 32 UMT5 tokens."""
 
     def __init__(
         self,

@@ -1,21 +1,4 @@
-"""Wan text-to-video: ``WanTransformer3DModel`` + rectified-flow SDE on video latents. Wan2.1 T2V
-(1.3B / 14B), Wan2.2 TI2V-5B (one transformer over the Wan2.2 VAE's 48 channels, 16x spatial
-compression, one timestep per latent token) and Wan2.2 T2V-A14B (two experts: the high-noise
-``transformer`` denoises the steps whose timestep is at least ``boundary_ratio * 1000``, the
-low-noise ``transformer_2`` the rest, each with its own CFG weight).
-
-A sample is a video latent ``[C, F', h, w]`` (``F' = (num_frames - 1) / 4 + 1`` latent frames, ``h, w``
-the pixel size over 8); the engine sees it as any other latent shape. Text is encoded by UMT5 (one
-encoder, ``max_sequence_length`` tokens); CFG runs the negative prompt in the same batched forward.
-
-Schedule: Wan's diffusers folders ship ``UniPCMultistepScheduler(use_flow_sigmas=True,
-flow_shift=...)`` (3.0 for 480p, 5.0 for 720p), a multistep solver whose steps depend on earlier
-model outputs and so have no per-step Gaussian log-prob. The adapter keeps Wan's shift but steps
-with ``FlowMatchEulerDiscreteScheduler(shift=flow_shift)``'s sigma table (the first-order Euler step
-the flow SDE of :func:`lit_treegrpo.core.steps.flow_sde_step` reduces to when deterministic), as
-Flow-GRPO and DanceGRPO do for Wan. A folder whose scheduler already is ``FlowMatchEulerDiscreteScheduler``
-is used as it is, so the adapter reproduces ``WanPipeline`` with that scheduler exactly.
-"""
+"""Wan text-to-video: ``WanTransformer3DModel`` + rectified-flow SDE on video latents."""
 
 from __future__ import annotations
 
@@ -53,11 +36,7 @@ class _SchedulerFromConfig:
 
 
 def flow_schedule_scheduler(scheduler: Any, flow_shift: float | None) -> Any:
-    """The ``FlowMatchEulerDiscreteScheduler`` whose sigmas the adapter steps on.
-
-    ``scheduler``: the pipeline's (FlowMatchEuler: used as is unless ``flow_shift`` overrides its
-    shift; UniPC / DPM++ with flow sigmas: its ``flow_shift`` and ``num_train_timesteps`` carried over).
-    """
+    """The ``FlowMatchEulerDiscreteScheduler`` whose sigmas the adapter steps on."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     config = scheduler.config
@@ -86,16 +65,23 @@ LORA_FILES = {
 }
 
 
+def _checked_lengths(max_sequence_length: int, flow_shift: float | None) -> int:
+    """``max_sequence_length``, refused below 1; a ``flow_shift`` must be > 0 or null."""
+    if max_sequence_length < 1:
+        raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}")
+    if flow_shift is not None and flow_shift <= 0:
+        raise ValueError(f"flow_shift must be > 0, got {flow_shift}")
+    return max_sequence_length
+
+
 class WanAdapter(FlowMatchingAdapter):
     """Wan text-to-video as a tree-rollout policy over video latents ``[B, C, F', h, w]``.
 
     Args:
-        pretrained: a local folder or hub id of a diffusers Wan checkpoint (e.g.
-            ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``, ``Wan-AI/Wan2.2-TI2V-5B-Diffusers``,
-            ``Wan-AI/Wan2.2-T2V-A14B-Diffusers``), or a ``WanPipeline``.
+        pretrained: a local folder or hub id of a diffusers Wan checkpoint (e.g. ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``,
+            ``Wan-AI/Wan2.2-TI2V-5B-Diffusers``, ``Wan-AI/Wan2.2-T2V-A14B-Diffusers``), or a ``WanPipeline``.
         num_steps: denoising steps.
-        guidance_scale: CFG weight (Wan's default 5.0; of the high-noise expert for A14B); <= 1
-            disables CFG.
+        guidance_scale: CFG weight (Wan's default 5.0; of the high-noise expert for A14B); <= 1 disables CFG.
         guidance_scale_2: the low-noise expert's CFG weight (A14B); ``None``: ``guidance_scale``, as
             the pipeline does. Used only when ``guidance_scale`` > 1 turns CFG on (as the pipeline).
         train_experts: A14B only: ``both`` experts train (LoRA on each), or only ``high_noise`` or
@@ -108,16 +94,12 @@ class WanAdapter(FlowMatchingAdapter):
         flow_shift: the sigma shift; ``None`` takes the pipeline scheduler's (``shift`` or ``flow_shift``).
         max_sequence_length: UMT5 tokens (Wan: 512).
         lora: LoRA settings (``None``: fine-tune the whole transformer).
-        torch_dtype: weights dtype of the transformer and UMT5; the VAE loads in float32 (as
-            diffusers' Wan examples do: its decoder degrades in bfloat16).
+        torch_dtype: weights dtype, ``float32``, ``bfloat16`` or ``float16``.
         revision, variant: forwarded to ``from_pretrained``.
         gradient_checkpointing: trade compute for activation memory in the backward pass.
         decode_batch_size: videos per VAE decode call.
-        compile: ``torch.compile`` the denoiser (in place: its weights, LoRA and checkpoints keep
-            their names); the first iteration pays the compilation. Not with FSDP2.
-        master_weights: full fine-tuning (``lora`` None) in bfloat16 / float16 keeps float32 master
-            weights and computes in ``torch_dtype`` under autocast (default); false trains the
-            low-precision weights themselves, which lose most small updates (warned).
+        compile: ``torch.compile`` the denoiser in place (names, LoRA and checkpoints unchanged); not with FSDP2.
+        master_weights: full fine-tuning in bfloat16 / float16 keeps float32 master weights (false: warned).
     """
 
     lora_layers_arg = "transformer"
@@ -162,11 +144,7 @@ class WanAdapter(FlowMatchingAdapter):
         from diffusers import WanPipeline
 
         self._init_flow(noise_level, dynamics)
-        if max_sequence_length < 1:
-            raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}")
-        if flow_shift is not None and flow_shift <= 0:
-            raise ValueError(f"flow_shift must be > 0, got {flow_shift}")
-        self.max_sequence_length = max_sequence_length
+        self.max_sequence_length = _checked_lengths(max_sequence_length, flow_shift)
         pipe = pipeline_from(
             pretrained,
             WanPipeline,
@@ -174,6 +152,23 @@ class WanAdapter(FlowMatchingAdapter):
             lambda path: self._load(path, parse_dtype(torch_dtype), revision, variant),
             keep_float32=("vae",),
         )
+        self._init_experts(pipe, train_experts, guidance_scale, guidance_scale_2)
+        self.vae = pipe.vae
+        self.text_encoder = pipe.text_encoder
+        self.temporal_factor = pipe.vae_scale_factor_temporal
+        self.spatial_factor = pipe.vae_scale_factor_spatial
+        self._check_size(height, width, num_frames)
+        self.height, self.width, self.num_frames = height, width, num_frames
+        self.schedule_scheduler = flow_schedule_scheduler(pipe.scheduler, flow_shift)
+        self.flow_shift = float(self.schedule_scheduler.config.shift)
+        self._set_schedule(self.schedule_scheduler)
+        self._set_step_experts(pipe.config.get("boundary_ratio"))
+        self._setup_training(WAN_LORA_TARGETS)
+
+    def _init_experts(
+        self, pipe: Any, train_experts: Experts, guidance_scale: float, guidance_scale_2: float | None
+    ) -> None:
+        """The transformer(s) of ``pipe``: Wan2.1's one, or Wan2.2 A14B's high- and low-noise experts."""
         if pipe.transformer is None:
             raise ValueError(
                 "the WanPipeline has no high-noise transformer (only transformer_2); both experts are needed"
@@ -191,25 +186,16 @@ class WanAdapter(FlowMatchingAdapter):
         self.train_experts = train_experts
         self.guidance_scale_2 = guidance_scale if guidance_scale_2 is None else guidance_scale_2
         self.expand_timesteps = bool(pipe.config.get("expand_timesteps", False))  # TI2V-5B: a timestep per token
-        self.vae = pipe.vae
-        self.text_encoder = pipe.text_encoder
-        self.temporal_factor = pipe.vae_scale_factor_temporal
-        self.spatial_factor = pipe.vae_scale_factor_spatial
-        self._check_size(height, width, num_frames)
-        self.height, self.width, self.num_frames = height, width, num_frames
-        self.schedule_scheduler = flow_schedule_scheduler(pipe.scheduler, flow_shift)
-        self.flow_shift = float(self.schedule_scheduler.config.shift)
-        self._set_schedule(self.schedule_scheduler)
-        ratio = pipe.config.get("boundary_ratio")
+
+    def _set_step_experts(self, ratio: float | None) -> None:
+        """Per step, the expert that denoises it (0: transformer, 1: transformer_2), as WanPipeline picks."""
         if (self.denoiser_2 is None) != (ratio is None):
             raise ValueError(
                 "a two-expert Wan2.2 pipeline needs both transformer_2 and boundary_ratio; this one has "
                 f"transformer_2 {'set' if self.denoiser_2 is not None else 'missing'} and boundary_ratio {ratio}"
             )
-        #: per step, the expert that denoises it (0: transformer, 1: transformer_2), as WanPipeline picks
         boundary = None if ratio is None else ratio * self.schedule_scheduler.config.num_train_timesteps
         self.step_expert = [int(boundary is not None and t < boundary) for t in self._schedule.host["t"].tolist()]
-        self._setup_training(WAN_LORA_TARGETS)
 
     def denoisers(self) -> dict[str, nn.Module]:
         experts = {"transformer": self.denoiser}
@@ -302,9 +288,7 @@ class WanAdapter(FlowMatchingAdapter):
         return self._guided(x, t, cond, scale=(self.guidance_scale, self.guidance_scale_2)[expert], expert=expert)
 
     def predict(self, x: Tensor, step_index: int | Tensor, cond: Cond) -> Tensor:
-        """Guided model output; with two experts, each row by the expert of its step. The rows'
-        experts are read on the host (one read per call of a training micro-batch, whose steps
-        may straddle the boundary; none in the rollout, whose step is a Python int)."""
+        """Guided model output; with two experts, each row by the expert of its step."""
         idx = self._step_indices(step_index, x.shape[0], self.device)  # [B]
         t = self.timesteps(idx)  # [B]
         if self.denoiser_2 is None:
@@ -323,8 +307,7 @@ class WanAdapter(FlowMatchingAdapter):
         return torch.cat(parts)[back]
 
     def save_lora(self, folder: str | Path) -> Path:
-        """One expert: what ``WanPipeline.load_lora_weights(folder)`` reads. Two experts: each trained
-        one's LoRA in its own file (:data:`LORA_FILES`); :meth:`lora_load_code` loads both."""
+        """One expert: what ``WanPipeline.load_lora_weights(folder)`` reads."""
         if self.denoiser_2 is None:
             return super().save_lora(folder)
         if self.lora is None:
@@ -344,7 +327,7 @@ class WanAdapter(FlowMatchingAdapter):
         lines = []
         for name in self.trained_denoisers():
             into = ", load_into_transformer_2=True" if name == "transformer_2" else ""
-            lines.append(f"pipe.load_lora_weights(DIR, weight_name={LORA_FILES[name]!r}{into})")
+            lines.append(f'pipe.load_lora_weights(DIR, weight_name="{LORA_FILES[name]}"{into})')
         return "\n".join(lines)
 
     def latent_shape(self) -> tuple[int, int, int, int]:

@@ -1,22 +1,12 @@
 """Reward models behind one base class, :class:`RewardModel`, and a registry of names for configs.
 
-- :mod:`.base`: :class:`RewardModel` (input checks, batching, NaN refusal), :class:`MultiReward`,
-  the loaders' helpers (``load_or_explain``, ``load_tokenizer``).
-- :mod:`.registry`: ``REWARDS``, the lazy name -> loader map a config's ``model.reward`` names, and
-  ``REQUIREMENTS``; ``build_reward("pickscore")`` loads PickScore_v1 from the hub cache, keyword
-  arguments going to the reward's loader (``build_reward("hps", checkpoint="v2.0")``);
-  :func:`check_reward_names` checks a config's names without loading anything.
-- :mod:`.build`: :func:`build_rewards`, what a config's ``model.reward`` says (a name, a name ->
-  weight mapping, or a ready model) built and checked against the policy (images or videos).
-- one module per reward family: :mod:`.hps`, :mod:`.image_reward`, :mod:`.pickscore`,
-  :mod:`.clip_score`, :mod:`.aesthetic` (over :mod:`.clip_common`), :mod:`.jpeg`, :mod:`.pixel`,
-  :mod:`.shapes`, :mod:`.video`.
-
-May import: torch, :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.common`, the Shapes world, and
+May import: torch, :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.common`, the tiny models' tokenizer, and
 transformers / huggingface_hub inside the loaders; never the Lightning layer.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from lit_treegrpo.rewards.aesthetic import Aesthetic
 from lit_treegrpo.rewards.base import MultiReward, RewardLoadError, RewardModel
@@ -35,7 +25,6 @@ from lit_treegrpo.rewards.registry import (
     check_reward_names,
 )
 from lit_treegrpo.rewards.scores import NonFiniteRewardError, RewardOutputError, RewardScores
-from lit_treegrpo.rewards.shapes import ShapesAnalysis, ShapesReward
 from lit_treegrpo.rewards.video import (
     FrameAverage,
     TemporalConsistency,
@@ -44,6 +33,17 @@ from lit_treegrpo.rewards.video import (
     VideoRewardModel,
     is_video_reward,
 )
+
+
+def __getattr__(name: str) -> Any:
+    """``ShapesReward`` and ``ShapesAnalysis`` live with the Shapes testbed (:mod:`lit_treegrpo.shapes`);
+    resolved by name, so that this folder never imports the folder that imports it."""
+    if name in ("ShapesReward", "ShapesAnalysis"):
+        import importlib
+
+        return getattr(importlib.import_module("lit_treegrpo.shapes.reward"), name)
+    raise AttributeError(f"module 'lit_treegrpo.rewards' has no attribute {name!r}")
+
 
 __all__ = [
     "REQUIREMENTS",

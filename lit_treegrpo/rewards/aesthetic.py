@@ -1,16 +1,4 @@
-"""LAION aesthetic score: a linear or MLP head on the L2-normalised CLIP ViT-L/14 image embedding.
-
-Heads (a ``.pth`` state dict, loaded from a path):
-
-- the MLP of the "improved aesthetic predictor" (C. Schuhmann, e.g. ``sac+logos+ava1-l14-
-  linearMSE.pth``), used by DDPO's ``aesthetic_score`` reward and the ImageReward paper:
-  768 -> 1024 -> 128 -> 64 -> 16 -> 1 linear layers with dropout between the first four and no
-  activations (keys ``layers.{0,2,4,6,7}.*``);
-- the linear head of LAION-AI's aesthetic-predictor (``sa_0_4_vit_l_14_linear.pth``, keys
-  ``weight``, ``bias``).
-
-The score ignores the prompt; it is about 1-10 for real images.
-"""
+"""LAION aesthetic score: a linear or MLP head on the L2-normalised CLIP ViT-L/14 image embedding."""
 
 from __future__ import annotations
 
@@ -100,8 +88,7 @@ class Aesthetic(ClipReward):
 
     @classmethod
     def tiny(cls, folder: str | Path, seed: int = 0, max_batch: BatchSize | None = None) -> Aesthetic:
-        """A random tiny CLIP and a random MLP head saved in ``folder``, through
-        :meth:`from_pretrained`."""
+        """A random tiny CLIP and a random MLP head saved in ``folder``, through :meth:`from_pretrained`."""
         folder = Path(folder)
         clip = write_tiny_clip(folder / "clip", seed=seed)
         with torch.random.fork_rng(devices=[]):

@@ -1,14 +1,4 @@
-"""The reward interface: :class:`RewardModel`, :class:`MultiReward`, and torch-only preprocessing.
-
-A reward scores a batch of decoded images against their prompts in one call:
-``forward(images [B, 3, H, W] in [0, 1], prompts: list[str]) -> Tensor[B]`` (float32, finite or an
-error). Peers score one PIL image at a time, some through PNG files on disk (DanceGRPO); here the
-resizing, cropping and normalisation happen on the tensor, on whatever device the images are on.
-
-Subclasses implement :meth:`RewardModel.score_batch` only; ``forward`` validates the inputs, runs
-``score_batch`` under ``no_grad`` in chunks of ``max_batch``, casts to float32 and refuses
-non-finite scores with the reward's name, the indices and the prompts.
-"""
+"""The reward interface: :class:`RewardModel`, :class:`MultiReward`, and torch-only preprocessing."""
 
 from __future__ import annotations
 
@@ -67,12 +57,7 @@ class RewardLoadError(OSError):
 
 
 def resize(images: Tensor, size: tuple[int, int]) -> Tensor:
-    """Bicubic resize of ``images`` [B, C, H, W] to ``size`` (h, w), antialiased, clamped to [0, 1].
-
-    ``antialias=True`` makes torch use PIL's bicubic kernel (a = -0.5) for down- and upsampling,
-    so the result is close to what the PIL-based preprocessors of CLIP/BLIP compute (they round to
-    uint8 in between, which is why "close" is not "equal"). The same size returns the input.
-    """
+    """Bicubic resize of ``images`` [B, C, H, W] to ``size`` (h, w), antialiased, clamped to [0, 1]."""
     if tuple(images.shape[-2:]) == tuple(size):
         return images
     out = F.interpolate(images.float(), size=size, mode="bicubic", antialias=True)  # [B,C,h,w]
@@ -98,12 +83,7 @@ def center_crop(images: Tensor, size: int) -> Tensor:
 
 
 def resize_longer_side_and_pad(images: Tensor, size: int, fill: float = 0.0) -> Tensor:
-    """Scale so that the longer side is ``size``, then pad to a centred square with ``fill``.
-
-    OpenCLIP's ``resize_longest_max`` validation transform, which HPSv2 scores with (HPSv2's
-    ``create_model_and_transforms``): new side ``round(side * size / longer)``, padding split as
-    ``pad // 2`` before and the rest after.
-    """
+    """Scale so that the longer side is ``size``, then pad to a centred square with ``fill``."""
     h, w = images.shape[-2:]
     scale = size / max(h, w)
     nh, nw = round(h * scale), round(w * scale)
@@ -122,8 +102,7 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Te
 
 
 def clip_pixels(images: Tensor, size: int) -> Tensor:
-    """CLIP's validation transform in torch: shorter side to ``size`` (bicubic), centre crop,
-    OpenAI mean/std. ``images`` [B, 3, H, W] in [0, 1] -> [B, 3, size, size] float32."""
+    """CLIP's validation transform in torch: shorter side to ``size`` (bicubic), centre crop, OpenAI mean/std."""
     return normalize(center_crop(resize_shorter_side(images.float(), size), size), CLIP_MEAN, CLIP_STD)
 
 
@@ -166,10 +145,8 @@ def check_inputs(images: Tensor, prompts: Sequence[str], name: str) -> None:
 
 
 def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], repo_id: str | None = None) -> T:
-    """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face
-    cache, e.g. offline) into a one-line :class:`RewardLoadError` naming ``what`` and the path. A
-    hub repository (``repo_id``, default ``name_or_path``) that is not cached fails in seconds when
-    the hub cannot be reached (:func:`lit_treegrpo.common.hub.require_hub`)."""
+    """Run ``load()``; turn the loaders' ``OSError`` (not found locally nor in the Hugging Face cache, e.g. offline)
+    into a one-line :class:`RewardLoadError` naming ``what`` and the path."""
     try:
         hub_id = repo_id or local_or_hub_id(name_or_path)  # the one path-or-hub rule (common.hub)
     except FileNotFoundError as err:
@@ -224,8 +201,6 @@ def load_tokenizer(name_or_path: str | Path, what: str):
 
 class RewardModel(nn.Module):
     """A frozen scorer of images against prompts, run in eval mode without gradients.
-
-    Subclasses implement :meth:`score_batch` and call :meth:`freeze` at the end of ``__init__``.
 
     Args:
         max_batch: images per :meth:`score_batch` call (``None``: the whole batch at once); bounds
@@ -284,24 +259,14 @@ class RewardModel(nn.Module):
         return torch.cat(chunks)  # [B]
 
     def forward(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
-        """Scores [B] float32 of ``images`` [B, 3, H, W] in [0, 1] against ``prompts`` (B strings).
-
-        Raises:
-            TypeError, ValueError: malformed images or prompts (shape, dtype, range, count).
-            NonFiniteRewardError: NaN / inf scores, naming the reward, the indices and prompts.
-        """
+        """Scores [B] float32 of ``images`` [B, 3, H, W] in [0, 1] against ``prompts`` (B strings)."""
         self.check(images, prompts)
         scores = self.raw_scores(images, prompts)  # [B]
         check_finite(scores, self.name, prompts)
         return scores
 
     def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
-        """The score [B] and its named components (none for a single reward; see MultiReward).
-
-        ``check=False`` lets NaN / inf scores through instead of raising (the inputs are still
-        validated), for a caller that drops the affected prompts itself (the module's ``skip``
-        fault policy).
-        """
+        """The score [B] and its named components (none for a single reward; see MultiReward)."""
         if check:
             return check_reward_scores(RewardScores(self(images, prompts), {}), len(prompts), label(self))
         self.check(images, prompts)
@@ -319,8 +284,7 @@ class RewardModel(nn.Module):
 
 
 def unique_prompts(prompts: Sequence[str]) -> tuple[list[str], Tensor]:
-    """Distinct prompts (in order of first appearance) and the [B] long index of each prompt
-    among them. A tree's leaves share their prompt string."""
+    """Distinct prompts (in order of first appearance) and the [B] long index of each prompt among them."""
     ids: dict[str, int] = {}
     index = [ids.setdefault(p, len(ids)) for p in prompts]
     return list(ids), torch.tensor(index, dtype=torch.long)
@@ -328,12 +292,6 @@ def unique_prompts(prompts: Sequence[str]) -> tuple[list[str], Tensor]:
 
 class MultiReward(RewardModel):
     """Several rewards combined into one score per image.
-
-    ``aggregate="normalize_then_weight"`` (TreeGRPO's multi-reward, also Flow-GRPO's): every
-    component is normalised within each prompt group, ``(r - mean) / (std + eps)`` with the
-    population std, then the weighted sum is taken. Images that share a prompt string form a
-    group, so all leaves of a prompt must be scored in the same call. ``"weighted_sum"`` weights
-    the raw scores.
 
     Args:
         rewards: name -> reward model; the names label the components in logs and errors.
@@ -378,11 +336,7 @@ class MultiReward(RewardModel):
         self.freeze()
 
     def score(self, images: Tensor, prompts: Sequence[str], *, check: bool = True) -> RewardScores:
-        """Aggregate [B] and the raw component scores [B] of every reward.
-
-        ``check=False`` as in :meth:`RewardModel.score`. Normalisation is per prompt, so a
-        non-finite score spoils only its own prompt.
-        """
+        """Aggregate [B] and the raw component scores [B] of every reward."""
         self.check(images, prompts)
         components: dict[str, Tensor] = {}
         for key, reward in self.rewards.items():

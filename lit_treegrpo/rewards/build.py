@@ -13,10 +13,9 @@ from lit_treegrpo.rewards.video import VideoMultiReward, is_video_reward
 def build_rewards(
     reward: RewardModel | str | dict[str, float], kwargs: dict[str, dict[str, Any]], *, video: bool = False
 ) -> RewardModel:
-    """A RewardModel from a name (``kwargs[name]`` its loader's arguments), a name -> weight
-    mapping (a :class:`MultiReward`, or a :class:`VideoMultiReward` of video rewards), or a ready
-    model (validated before anything loads). ``video``: the policy makes videos, so the reward must
-    score videos (and an image-making policy, images)."""
+    """A RewardModel from a name (``kwargs[name]`` its loader's arguments), a name -> weight mapping (a
+    :class:`MultiReward`, or a :class:`VideoMultiReward` of video rewards), or a ready model (validated before
+    anything loads)."""
     names = check_reward_names(reward, kwargs)
     if isinstance(reward, str):
         built = build_reward(reward, **kwargs.get(reward, {}))

@@ -1,10 +1,4 @@
-"""Shared pieces of the CLIP-based rewards: loading, embedding, and tiny random CLIPs for tests.
-
-transformers 4.x returns embedding tensors from ``CLIPModel.get_image_features`` /
-``get_text_features``; transformers 5 returns a ``BaseModelOutputWithPooling`` whose
-``pooler_output`` holds the projected embedding. :func:`image_embeds` and :func:`text_embeds` accept
-both, so the rewards run on either major version.
-"""
+"""Shared pieces of the CLIP-based rewards: loading, embedding, and tiny random CLIPs for tests."""
 
 from __future__ import annotations
 
@@ -84,9 +78,7 @@ def tiny_clip_config(image_size: int = 32, projection_dim: int = 16, hidden_act:
 
 
 def write_tiny_clip(folder: str | Path, seed: int = 0, image_size: int = 32, projection_dim: int = 16) -> Path:
-    """Save a seeded random tiny ``CLIPModel`` and its offline tokenizer into ``folder``.
-
-    Loading it back goes through the same ``from_pretrained`` path as a real checkpoint."""
+    """Save a seeded random tiny ``CLIPModel`` and its offline tokenizer into ``folder``."""
     from transformers import CLIPModel
 
     folder = Path(folder)

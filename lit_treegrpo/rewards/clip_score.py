@@ -1,17 +1,5 @@
 """CLIPScore (Hessel et al., "CLIPScore: A Reference-free Evaluation Metric for Image Captioning",
-EMNLP 2021) through torchmetrics: ``max(100 * cos(E_I, E_C), 0)`` per image.
-
-torchmetrics' ``CLIPScore`` metric averages over the batch; the per-image scores come from its
-update function ``_clip_score_update`` (the function the metric's ``update`` calls), fed with:
-
-- :class:`FeatureAdapter`, the transformers-5 workaround: torchmetrics 1.9 normalises the return
-  value of ``get_image_features`` / ``get_text_features`` as a tensor, but transformers 5 returns a
-  ``BaseModelOutputWithPooling`` (the embedding is its ``pooler_output``); the adapter returns the
-  tensor on both major versions;
-- :class:`TensorProcessor`, which stacks images that are already preprocessed in torch on their
-  device (CLIP's validation transform) and tokenizes the prompts, instead of ``CLIPProcessor``'s
-  PIL path.
-"""
+EMNLP 2021) through torchmetrics: ``max(100 * cos(E_I, E_C), 0)`` per image."""
 
 from __future__ import annotations
 
@@ -34,9 +22,7 @@ CLIP_SCORE_MODEL = "openai/clip-vit-large-patch14"  # torchmetrics' default
 
 class FeatureAdapter:
     """A ``CLIPModel`` whose ``get_image_features`` / ``get_text_features`` return the projected
-    embedding tensors [B, D] (in float32) on transformers 4 and 5 alike.
-
-    A plain wrapper, not a submodule: the reward owns the model, the adapter only views it."""
+    embedding tensors [B, D] (in float32) on transformers 4 and 5 alike."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -109,8 +95,7 @@ class CLIPScore(ClipReward):
         dtype: torch.dtype = torch.float32,
         max_batch: BatchSize | None = None,
     ) -> CLIPScore:
-        """A CLIP folder or hub id (default torchmetrics' ViT-L/14); tokenizer from ``model``
-        unless given. One-line error when missing offline."""
+        """A CLIP folder or hub id (default torchmetrics' ViT-L/14); tokenizer from ``model`` unless given."""
         return cls(
             load_clip(model, "CLIPScore model", dtype),
             load_tokenizer(model if tokenizer is None else tokenizer, "CLIPScore tokenizer"),

@@ -1,17 +1,5 @@
 """HPSv2 / HPSv2.1 (Wu et al., "Human Preference Score v2: A Solid Benchmark for Evaluating Human
-Preferences of Text-to-Image Synthesis", 2023): OpenCLIP ViT-H-14 fine-tuned on HPDv2.
-
-Score: the cosine similarity of the image and prompt embeddings, without the logit scale
-(HPSv2's ``img_score.score``: ``diag(image_features @ text_features.T)`` on normalised features),
-about 0.2-0.35. Preprocessing is HPSv2's validation transform: the longer side scaled to 224
-(bicubic), padded with black to a centred square, OpenAI mean/std.
-
-The ``hpsv2`` package is not used (its wheel is broken). The checkpoint is an OpenCLIP state dict
-(``{"state_dict": ...}``, all weights of the model, so the laion2B base weights are not needed);
-:func:`open_clip_to_transformers` maps it onto a transformers ``CLIPModel`` of the same shape, so
-HPS runs on the main stack. The mapping is checked against ``open_clip`` itself on the same
-random weights (``tests/rewards/test_extra_parity.py``, in the image-reward CI venv).
-"""
+Preferences of Text-to-Image Synthesis", 2023): OpenCLIP ViT-H-14 fine-tuned on HPDv2."""
 
 from __future__ import annotations
 
@@ -143,12 +131,7 @@ def _blocks(sd: dict[str, Tensor], src: str, dst: str, layers: int) -> dict[str,
 
 
 def open_clip_to_transformers(state_dict: dict[str, Tensor], arch: OpenClipArch) -> dict[str, Tensor]:
-    """An OpenCLIP ``CLIP`` state dict as the state dict of transformers' ``CLIPModel``.
-
-    Projections are stored as ``x @ proj`` in OpenCLIP ([W, D]) and as ``nn.Linear`` ([D, W]) in
-    transformers, hence the transposes. Raises ``KeyError`` naming a missing key and
-    ``ValueError`` on keys that this mapping does not know (e.g. another architecture).
-    """
+    """An OpenCLIP ``CLIP`` state dict as the state dict of transformers' ``CLIPModel``."""
     sd = {k.removeprefix("module."): v for k, v in state_dict.items()}
     sd.pop("attn_mask", None)  # a non-persistent causal mask in newer open_clip, saved by old ones
     known = {
@@ -198,10 +181,7 @@ def open_clip_to_transformers(state_dict: dict[str, Tensor], arch: OpenClipArch)
 
 
 def build_clip_from_open_clip(state_dict: dict[str, Tensor], arch: OpenClipArch):
-    """A transformers ``CLIPModel`` holding the weights of an OpenCLIP state dict.
-
-    The model is created on the meta device (no random init of ~1B parameters for ViT-H) and the
-    mapped tensors are assigned; the non-persistent ``position_ids`` buffers are rebuilt."""
+    """A transformers ``CLIPModel`` holding the weights of an OpenCLIP state dict."""
     from transformers import CLIPModel
 
     mapped = open_clip_to_transformers(state_dict, arch)

@@ -23,6 +23,12 @@ from torch import Tensor
 from lit_treegrpo.rewards.base import BatchSize, RewardLoadError, RewardModel, clip_pixels, load_or_explain
 
 EXTRA_HINT = "pip install 'lit-treegrpo[image-reward]'"
+#: the torch the README installs stays; the extra needs the torchvision of that torch's release
+TORCHVISION_HINT = (
+    "torchvision: install the torchvision of your torch first (on a GPU box the CUDA torch and its "
+    "torchvision, from PyTorch's index; the README's CPU torch==2.13.0 has no torchvision that imports "
+    "beside it, so on a CPU: pip install torch==2.14.1 torchvision==0.29.1)"
+)
 TEXT_LENGTH = 35  # the package tokenizes prompts to max_length=35
 IMAGE_SIZE = 224
 
@@ -33,9 +39,8 @@ def import_image_reward():
         import ImageReward as RM
     except ImportError as err:
         raise ImportError(
-            f"the ImageReward reward needs the package 'image-reward' and its pinned dependencies: "
-            f"{EXTRA_HINT} (torch==2.14.1 torchvision==0.29.1 first, see docs/rewards.md); import "
-            f"failed with: {err}"
+            f"the ImageReward reward needs the package 'image-reward' and its pinned dependencies, with "
+            f"{TORCHVISION_HINT}, then {EXTRA_HINT} (docs/rewards.md); import failed with: {err}"
         ) from err
     return RM
 

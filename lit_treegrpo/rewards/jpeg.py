@@ -1,11 +1,5 @@
 """JPEG compressibility / incompressibility (Black et al., "Training Diffusion Models with
-Reinforcement Learning" (DDPO), ICLR 2024, ``ddpo_pytorch/rewards.py``).
-
-The size of the image encoded as JPEG at quality 95, in kilobytes (bytes / 1000, as DDPO):
-``JpegIncompressibility`` rewards the size, ``JpegCompressibility`` its negative. Images are
-quantised as DDPO does, ``round(255 x)`` to uint8, and encoded by Pillow (a dependency of
-diffusers). Encoding is per image on the CPU by nature; there is no model.
-"""
+Reinforcement Learning" (DDPO), ICLR 2024, ``ddpo_pytorch/rewards.py``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """PickScore (Kirstain et al., "Pick-a-Pic: An Open Dataset of User Preferences for Text-to-Image
-Generation", NeurIPS 2023): a CLIP ViT-H-14 fine-tuned on human preferences.
-
-Score of an image x for a prompt c, as in the PickScore_v1 model card:
-``s(x, c) = exp(logit_scale) * <E_I(x) / |E_I(x)|, E_T(c) / |E_T(c)|>`` (about 20-23 for good
-images). Preprocessing is the laion CLIP-ViT-H-14 processor's: shorter side to 224 (bicubic),
-centre crop, OpenAI mean/std; text padded, truncated at 77 tokens.
-"""
+Generation", NeurIPS 2023): a CLIP ViT-H-14 fine-tuned on human preferences."""
 
 from __future__ import annotations
 

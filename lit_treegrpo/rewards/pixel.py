@@ -1,10 +1,4 @@
-"""Brightness: a verifiable, prompt-free pixel reward for smoke tests and tiny models.
-
-Real rewards (HPS, ImageReward, ...) need downloaded weights; the tiny random models that tests
-and ``configs/tiny.yaml`` train cannot meaningfully move a JPEG size or a random CLIP score within
-a few steps, but they can move mean brightness. It is the reward of the pipeline's smoke test, not
-an alignment objective.
-"""
+"""Brightness: a verifiable, prompt-free pixel reward for smoke tests and tiny models."""
 
 from __future__ import annotations
 

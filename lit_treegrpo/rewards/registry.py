@@ -1,11 +1,4 @@
-"""The reward registry: the names a config's ``model.reward`` may give, as a lazy name -> loader map.
-
-A built-in entry is its loader's import path (``"module:Class.method"``), imported the first time
-the name is looked up. So this file imports no reward module: a reward may build another by name
-through the registry (``frame_average`` builds its image reward so) without an import cycle, and
-checking a config's names imports only the rewards it names. An entry added at run time
-(``REWARDS["redness"] = Redness``, docs/extending.md) is used as given.
-"""
+"""The reward registry: the names a config's ``model.reward`` may give, as a lazy name -> loader map."""
 
 from __future__ import annotations
 
@@ -62,7 +55,7 @@ REWARDS: LazyRegistry[Callable[..., RewardModel]] = LazyRegistry(
         "jpeg_compressibility": "lit_treegrpo.rewards.jpeg:JpegCompressibility",
         "jpeg_incompressibility": "lit_treegrpo.rewards.jpeg:JpegIncompressibility",
         "brightness": "lit_treegrpo.rewards.pixel:Brightness",
-        "shapes": "lit_treegrpo.rewards.shapes:ShapesReward",
+        "shapes": "lit_treegrpo.shapes.reward:ShapesReward",
         # video rewards (videos [B, F, 3, H, W]; lit_treegrpo.rewards.video)
         "frame_average": "lit_treegrpo.rewards.video:FrameAverage",
         "temporal_consistency": "lit_treegrpo.rewards.video:TemporalConsistency",
@@ -101,9 +94,8 @@ def build_reward(name: str, **kwargs) -> RewardModel:
 
 
 def check_reward_names(reward: Any, kwargs: dict[str, dict[str, Any]]) -> list[str]:
-    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to,
-    checked without loading anything: known names, ``reward_kwargs`` naming only those, and every
-    extra package they need installed. A ready RewardModel (or a class spec) gives ``[]``."""
+    """The registered reward names that ``reward`` (a name, or a name -> weight mapping) refers to, checked without
+    loading anything: known names, ``reward_kwargs`` naming only those, and every extra package they need installed."""
     if isinstance(reward, str):
         names = [reward]
     elif isinstance(reward, dict):

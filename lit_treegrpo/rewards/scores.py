@@ -47,9 +47,8 @@ def check_finite(scores: Tensor, name: str, prompts: Sequence[str]) -> None:
 
 
 def check_scores(scores: object, count: int, name: str) -> Tensor:
-    """``scores`` as float32 [count], if they are a real floating-point tensor of ``count`` scores
-    ([count], or [count, 1] as a linear head gives them); :class:`RewardOutputError` otherwise.
-    Finiteness is :func:`check_finite`'s (the fault policy decides about NaN)."""
+    """``scores`` as float32 [count], if they are a real floating-point tensor of ``count`` scores ([count], or [count,
+    1] as a linear head gives them); :class:`RewardOutputError` otherwise."""
     fix = f"make the reward return a float tensor of shape [{count}], one score per image"
     if not isinstance(scores, Tensor):
         raise RewardOutputError(f"reward '{name}' returned a {type(scores).__name__}, not a torch.Tensor; {fix}")

@@ -1,15 +1,4 @@
-"""Video rewards: :class:`VideoRewardModel` scores ``videos [B, F, 3, H, W]`` in [0, 1] against prompts.
-
-- :class:`FrameAverage` (``frame_average``): any image reward applied to every frame (or ``frames``
-  evenly spaced ones) in one batched call, averaged over the frames.
-- :class:`TemporalConsistency` (``temporal_consistency``): how alike consecutive frames are.
-- :class:`VideoModelReward` (``video_model``): the hook for a learned video reward model (Video-Align,
-  VideoScore, ...) given as a callable or an import path; nothing is bundled, since no such
-  model's weights can be fetched here.
-- :class:`VideoMultiReward`: several video rewards normalised per prompt, then weighted
-  (:class:`~lit_treegrpo.rewards.base.MultiReward`'s rule), which ``build_rewards`` makes from a
-  ``name -> weight`` mapping of video rewards.
-"""
+"""Video rewards: :class:`VideoRewardModel` scores ``videos [B, F, 3, H, W]`` in [0, 1] against prompts."""
 
 from __future__ import annotations
 
@@ -50,9 +39,8 @@ def check_video_inputs(videos: Tensor, prompts: Sequence[str], name: str) -> Non
 
 
 class VideoRewardModel(RewardModel):
-    """A frozen scorer of videos against prompts: ``forward(videos [B, F, 3, H, W] in [0, 1],
-    prompts) -> [B]`` float32. Subclasses implement :meth:`score_batch` on validated videos;
-    ``max_batch`` counts videos."""
+    """A frozen scorer of videos against prompts: ``forward(videos [B, F, 3, H, W] in [0, 1], prompts) -> [B]``
+    float32."""
 
     name = "video"
 
@@ -75,9 +63,6 @@ def frame_indices(num_frames: int, frames: int | None) -> list[int]:
 
 class FrameAverage(VideoRewardModel):
     """An image reward on the frames of each video, averaged: ``mean_f image(frame_f, prompt)``.
-
-    All selected frames of the batch go to the image reward in one call ([B * F', 3, H, W], each
-    frame with its video's prompt; the image reward's ``max_batch`` still bounds memory).
 
     Args:
         image: the image reward, a registered name (``hps``, ``brightness``, ...) or a RewardModel.
@@ -127,20 +112,7 @@ TemporalMetric = Literal["l2", "cosine"]
 
 
 class TemporalConsistency(VideoRewardModel):
-    """How alike consecutive frames are, averaged over the ``F - 1`` pairs (prompt-free).
-
-    Frames are first average-pooled so that the longer side is at most ``max_side`` (fine texture
-    and sensor-like noise count less than structure). Then, per pair ``(f_t, f_{t+1})`` of pixel
-    vectors in [0, 1]:
-
-    - ``metric="l2"``: ``1 - RMS(f_{t+1} - f_t)``, in [0, 1]; 1 for identical frames.
-    - ``metric="cosine"``: cosine similarity of the frames with each frame's mean subtracted, in
-      [-1, 1] (brightness changes do not count; a constant frame counts as similarity 1 to another
-      constant frame).
-
-    A static video scores highest, so use it as a term next to a quality or alignment reward
-    (:class:`VideoMultiReward`), not alone. A single-frame video has no pairs and is refused.
-    """
+    """How alike consecutive frames are, averaged over the ``F - 1`` pairs (prompt-free)."""
 
     name = "temporal_consistency"
     uses_prompt = False
@@ -196,17 +168,6 @@ def _import(path: str) -> Any:
 
 class VideoModelReward(VideoRewardModel):
     """Hook for a learned video reward model (Video-Align / VideoAlign, VideoScore, ...).
-
-    Nothing is bundled: give the scorer as a callable ``scorer(videos, prompts) -> scores`` taking
-    ``videos`` [B, F, 3, H, W] float in [0, 1] (on the policy's device) and ``prompts`` (B strings)
-    and returning B numbers (higher is better), or, from a config, as an import path
-    ``"package.module:name"``. When the imported object is a class or factory, ``init_args`` build
-    the scorer (``obj(**init_args)``); otherwise it is the scorer itself. The scorer resizes,
-    subsamples frames and normalises as its model needs; it runs under ``no_grad``.
-
-    Video-Align's reward (BranchGRPO's video reward) is such a model: wrap its inference class in a
-    function of this signature that returns the score you train on (e.g. its motion-quality
-    score, as BranchGRPO reports) and pass it here.
 
     Args:
         scorer: the callable, or ``"package.module:name"``.

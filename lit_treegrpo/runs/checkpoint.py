@@ -1,28 +1,4 @@
-"""Checkpoint files that survive a kill: atomic writes, and corrupt files reported in one line.
-
-Lightning's ``TorchCheckpointIO`` serialises into memory, then writes through an fsspec
-transaction, which for a local path means a temporary file in the *system* temp folder moved onto
-the target with ``shutil.move`` at commit. That is atomic only when the temp folder and the
-checkpoint folder share a filesystem (otherwise the move copies into the target, and a kill during
-the copy leaves a truncated ``last.ckpt``), and nothing is fsynced, so a node that loses power
-after the rename can come back with an empty file. :class:`AtomicCheckpointIO` writes a temporary
-file beside the target, fsyncs it, ``os.replace``-s it onto the target (atomic on POSIX and
-Windows) and fsyncs the folder: at every instant the target is the old checkpoint or the new one.
-
-:func:`check_checkpoint` reads a checkpoint's zip directory (and, before a resume, every entry's
-CRC) so that a truncated or garbage file is reported with the fix instead of failing deep inside
-``torch.load`` after the model has loaded, or being half-read.
-
-A checkpoint a user hands over is read once, with torch's safe unpickler (``weights_only=True``):
-:func:`read_checkpoint` opens the file once, checks the zip and unpickles from that same open file,
-so a file swapped on disk after the check (anyone who can write into a shared or downloaded run
-folder can) is never read. The CLI hands the checkpoint so read to every later user: Lightning's
-restore through :meth:`AtomicCheckpointIO.preload`, the EMA choice of validate / test / predict,
-export. Every other load through :class:`AtomicCheckpointIO` (or a strategy guarded by
-:func:`guard_strategy_load`) is ``weights_only=True`` whatever the caller asks. A refusal names the
-object's global (``posix.system``), found by reading the pickle's opcodes without running them,
-never torch's advice to re-run with ``weights_only=False``: wrong advice for a hostile file.
-"""
+"""Checkpoint files that survive a kill: atomic writes, and corrupt files reported in one line."""
 
 from __future__ import annotations
 
@@ -36,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
 from ..common.errors import explain_os_error, first_line
 from ..common.files import remove_written, replace_with_written
+from ..common.lightning_private import fsdp_lazy_load_replaced, is_local_path
 
 _TMP_SUFFIX = ".tmp"
 #: what every Lightning checkpoint holds, whatever wrote it
@@ -76,12 +52,7 @@ def _stale_temp_files(path: Path) -> list[Path]:
 
 
 def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """``torch.save(checkpoint, path)`` such that ``path`` is never seen half-written.
-
-    Write ``.<name>.<pid>.tmp`` in the same folder, flush and fsync it, ``os.replace`` it onto
-    ``path``, fsync the folder. A failure (or a kill) before the replace leaves ``path`` as it was;
-    the temporary file of a killed writer is removed by the next save to the same path.
-    """
+    """``torch.save(checkpoint, path)`` such that ``path`` is never seen half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_names = (f".{path.name}.*{_TMP_SUFFIX}",)
@@ -113,9 +84,8 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
 
 
 def check_checkpoint(path: str | Path, *, option: str = "--ckpt_path", verify_data: bool = True) -> None:
-    """Raise :class:`CorruptCheckpointError` (one line: the file, what is wrong, the fix) unless
-    ``path`` is a complete torch zip checkpoint. ``verify_data`` also checks every entry's CRC,
-    which reads the whole file. A folder (a distributed checkpoint) is left to its loader."""
+    """Raise :class:`CorruptCheckpointError` (one line: the file, what is wrong, the fix) unless ``path`` is a complete
+    torch zip checkpoint."""
     path = Path(path)
     if path.is_dir():
         return
@@ -132,12 +102,9 @@ def read_checkpoint(
     lightning: bool = True,
     map_location: Any = "cpu",
 ) -> dict[str, Any]:
-    """The checkpoint at ``path``, read once and safely: one open file is checked as a zip
-    (:func:`check_checkpoint`; ``verify_data``: every CRC) and unpickled from the same file with
-    ``weights_only=True``, tensors on the CPU (``map_location``). ``lightning``: it must be a Lightning checkpoint
-    (``state_dict`` and ``pytorch-lightning_version``). Raises :class:`CorruptCheckpointError` (one
-    line naming ``option``, the file and the fix) for anything else: a truncated file, a zip that is
-    no torch file, objects the safe unpickler refuses (named, see :func:`refused_globals`)."""
+    """The checkpoint at ``path``, read once and safely: one open file is checked as a zip (:func:`check_checkpoint`;
+    ``verify_data``: every CRC) and unpickled from the same file with ``weights_only=True``, tensors on the CPU
+    (``map_location``)."""
     path = Path(path)
     _check_file(path, option)
     fix = "pass a checkpoint written by fit (<root>/checkpoints/last.ckpt), or last"
@@ -178,11 +145,10 @@ def check_lightning_checkpoint(path: str | Path, *, option: str = "--ckpt_path")
 
 
 def refused_globals(f: Any, err: BaseException | None = None) -> list[str]:
-    """The globals (``module.name``) in the torch file ``f`` that the safe unpickler does not allow,
-    found by reading its pickle's opcodes (nothing is imported or run: torch's
-    ``get_unsafe_globals_in_checkpoint``, torch >= 2.5); before torch 2.5, the name in the
-    ``GLOBAL module.name`` of the refusal ``err``, which every version's wording holds. ``[]``
-    when none is found (a refused opcode rather than a global)."""
+    """The globals (``module.name``) in the torch file ``f`` that the safe unpickler does not allow, found by reading
+    its pickle's opcodes (nothing is imported or run: torch's ``get_unsafe_globals_in_checkpoint``, torch >= 2.5);
+    before torch 2.5, the name in the ``GLOBAL module.name`` of the refusal ``err``, which every version's wording
+    holds."""
     find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
     if find is not None:
         try:
@@ -224,10 +190,9 @@ def _check_zip(f: Any, path: Path, option: str, verify_data: bool) -> None:
 
 
 def intact_checkpoints(folder: Path, *, besides: Path | None = None, most: int = 3) -> list[Path]:
-    """Up to ``most`` ``*.ckpt`` files of ``folder`` (other than ``besides``) that read as Lightning
-    checkpoints: a complete zip, unpickled by the safe unpickler (tensors memory-mapped, not read),
-    with the keys every Lightning checkpoint holds. Advice names only files so checked: a hostile
-    or broken one planted beside a corrupt checkpoint is never suggested."""
+    """Up to ``most`` ``*.ckpt`` files of ``folder`` (other than ``besides``) that read as Lightning checkpoints: a
+    complete zip, unpickled by the safe unpickler (tensors memory-mapped, not read), with the keys every Lightning
+    checkpoint holds."""
     found: list[Path] = []
     for candidate in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
         if len(found) == most:
@@ -267,22 +232,19 @@ def _zip_problem(f: Any, verify_data: bool) -> str | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` with atomic, fsynced local writes (:func:`atomic_save`) and safe reads:
-    every load is ``weights_only=True``, whatever the caller asks (Lightning passes the trainer's
-    ``weights_only``, which it leaves to torch's default: unsafe before torch 2.6), a local file is
-    read once through :func:`read_checkpoint` (a corrupt or hostile one in one line), and a
-    checkpoint the CLI already read and verified is handed over (:meth:`preload`) instead of being
-    read again. Remote paths (``s3://`` ...) keep Lightning's own code, ``weights_only=True``. The CLI
-    installs it for every run unless the trainer is given another CheckpointIO."""
+    """``TorchCheckpointIO`` with atomic, fsynced local writes (:func:`atomic_save`) and safe reads: every load is
+    ``weights_only=True``, whatever the caller asks (Lightning passes the trainer's ``weights_only``, which it
+    leaves to torch's default: unsafe before torch 2.6), a local file is read once through :func:`read_checkpoint`
+    (a corrupt or hostile one in one line), and a checkpoint the CLI already read and verified is handed over
+    (:meth:`preload`) instead of being read again."""
 
     def __init__(self) -> None:
         super().__init__()
         self._preloaded: tuple[str, dict[str, Any]] | None = None
 
     def preload(self, path: str | Path, checkpoint: dict[str, Any]) -> None:
-        """The next load of ``path`` returns ``checkpoint`` (read from it, and verified, before the
-        model loaded) instead of reading the file again: a file swapped since is never read. Handed
-        over once, so that its memory goes with Lightning's copy."""
+        """The next load of ``path`` returns ``checkpoint`` (read from it, and verified, before the model loaded)
+        instead of reading the file again: a file swapped since is never read."""
         self._preloaded = (os.path.abspath(path), checkpoint)
 
     def forget_preloaded(self) -> None:
@@ -292,7 +254,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
+        if storage_options is not None or not is_local_path(path):
             super().save_checkpoint(checkpoint, path, storage_options)  # its own errors and remote code
             return
         atomic_save(checkpoint, path)
@@ -304,7 +266,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        if not _is_local_file_protocol(path):
+        if not is_local_path(path):
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
         if self._preloaded is not None and os.path.abspath(path) == self._preloaded[0]:
             checkpoint, self._preloaded = self._preloaded[1], None
@@ -316,12 +278,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def guard_strategy_load(strategy: Any) -> None:
-    """Make ``strategy.load_checkpoint`` (how Lightning restores a checkpoint) read safely whatever
-    it is asked: always ``weights_only=True``, which reaches strategies that load files themselves
-    (``ModelParallelStrategy``), and a refusal on the way becomes one :class:`CorruptCheckpointError`
-    line. Lightning's ``FSDPStrategy`` unpickles a full checkpoint file with an unrestricted
-    unpickler of its own (``_lazy_load``): under it, the file is read through the strategy's
-    CheckpointIO instead (the checkpoint the CLI preloaded, or :func:`read_checkpoint`)."""
+    """Make ``strategy.load_checkpoint`` (how Lightning restores a checkpoint) read safely whatever it is asked: always
+    ``weights_only=True``, which reaches strategies that load files themselves (``ModelParallelStrategy``), and a
+    refusal on the way becomes one :class:`CorruptCheckpointError` line."""
     load = strategy.load_checkpoint
 
     def load_checkpoint(checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -346,11 +305,10 @@ def guard_strategy_load(strategy: Any) -> None:
 
 @contextlib.contextmanager
 def _fsdp_reads_through_checkpoint_io(strategy: Any) -> Iterator[None]:
-    """Under ``FSDPStrategy``, Lightning's ``_lazy_load`` (an unrestricted ``pickle.Unpickler``)
-    replaced by the strategy's CheckpointIO for the duration of the block."""
+    """Under ``FSDPStrategy``, its unrestricted unpickler replaced by the strategy's CheckpointIO."""
     from lightning.pytorch.strategies import fsdp
 
-    if not isinstance(strategy, fsdp.FSDPStrategy) or not hasattr(fsdp, "_lazy_load"):
+    if not isinstance(strategy, fsdp.FSDPStrategy):
         yield
         return
     checkpoint_io = strategy.checkpoint_io
@@ -360,12 +318,8 @@ def _fsdp_reads_through_checkpoint_io(strategy: Any) -> Iterator[None]:
             return checkpoint_io.load_checkpoint(path)
         return read_checkpoint(path, verify_data=False, lightning=False)
 
-    lazy_load = fsdp._lazy_load
-    fsdp._lazy_load = safe_load
-    try:
+    with fsdp_lazy_load_replaced(safe_load):
         yield
-    finally:
-        fsdp._lazy_load = lazy_load
 
 
 __all__ = [

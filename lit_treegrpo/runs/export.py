@@ -4,14 +4,19 @@
 (or the :class:`~lit_treegrpo.callbacks.ExportOnTrainEnd` callback at the end of a fit) writes::
 
     DIR/pytorch_lora_weights.safetensors   the LoRA: pipe.load_lora_weights(DIR) reads it (Shapes:
-                                           SD3Transformer2DModel.load_lora_adapter(DIR, prefix=None,
-                                           weight_name="pytorch_lora_weights.safetensors"))
+                                           the base ShapesAdapter's denoiser.load_lora_adapter(DIR,
+                                           prefix=None, weight_name=...), sampled by the project's
+                                           own sampler)
     DIR/transformer/ or DIR/unet/          --merged (or a run without LoRA): the full denoiser,
                                            LoRA merged in (from_pretrained(DIR, subfolder=...));
                                            for the Shapes model a whole model folder that
                                            ShapesAdapter(pretrained=DIR) loads
     DIR/ema/                               --ema: the same, of the EMA weights
-    export.json and README.md in DIR       the card: base model, method, iterations, rewards
+    export.json and README.md in DIR       the card (:mod:`.card`): base model, method, iterations,
+                                           rewards, and a snippet that loads the export as written
+
+Every file is written readable as a file the user writes (the mode of ``0o666`` less the umask):
+safetensors writes its files ``0o600``.
 
 A checkpoint holds the trainable weights only (:meth:`TreeGRPOModule.on_save_checkpoint`); the base
 weights come from the configuration, which must be the run's (the fingerprint is checked as for a
@@ -26,9 +31,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +50,7 @@ from ..common.files import (
     remove_written_tree,
     replace_with_written,
 )
+from .card import base_model, card_text, how_to_load, method
 from .run_folder import event_folder
 
 if TYPE_CHECKING:
@@ -178,9 +184,42 @@ def _merged(adapter: DiffusionAdapter, denoiser: torch.nn.Module) -> torch.nn.Mo
     return denoiser
 
 
+class _NoEmptyFloat32Note(logging.Filter):
+    """Drops diffusers' note that a model has modules to keep in float32 when it names none
+    (``save_lora_adapter`` calls ``.to(dtype=None)``, which makes diffusers print it with ``[]``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "that should be kept in float32: []" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _no_empty_float32_note() -> Iterator[None]:
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    note = _NoEmptyFloat32Note()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
+def readable_like(reference: Path, folder: Path) -> None:
+    """Give every file under ``folder`` the permission bits of ``reference`` (a file Python wrote
+    with its default mode, so ``0o666`` less the umask): safetensors writes ``0o600``."""
+    mode = reference.stat().st_mode & 0o777
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+
+
 def write_weights(adapter: DiffusionAdapter, folder: Path, *, merged: bool) -> list[str]:
     """The adapter's current trainable weights into ``folder`` (see the module docstring); returns
     the files and folders written, relative to ``folder``."""
+    with _no_empty_float32_note():
+        return _write_weights(adapter, folder, merged=merged)
+
+
+def _write_weights(adapter: DiffusionAdapter, folder: Path, *, merged: bool) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     if not merged and adapter.lora is not None:
         adapter.save_lora(folder)
@@ -192,86 +231,6 @@ def write_weights(adapter: DiffusionAdapter, folder: Path, *, merged: bool) -> l
     for sub, denoiser in trained.items():
         _merged(adapter, denoiser).save_pretrained(str(folder / sub))
     return sorted(trained)
-
-
-def base_model(adapter: DiffusionAdapter, adapter_config: Mapping[str, Any] | None = None) -> str:
-    """What the weights apply to: the adapter's ``pretrained`` setting, its source folder, the
-    pipeline's hub id, or the adapter class with its options (a tiny model built from a seed)."""
-    args = dict((adapter_config or {}).get("init_args") or {})
-    pretrained = args.get("pretrained") or adapter.source
-    if pretrained is None and adapter.pipeline is not None:
-        pretrained = getattr(adapter.pipeline, "name_or_path", None) or adapter.pipeline.config.get("_name_or_path")
-    if pretrained:
-        return str(pretrained)
-    # a model built from a seed (the tiny test models): the class and its seed say which
-    seed = f"seed={args['seed']}" if "seed" in args else ""
-    return f"{type(adapter).__name__}({seed})"
-
-
-def method(module: Any, pruning: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The run's algorithm: the module's tree, advantage estimator and loss, and ``pruning`` (its
-    ``PruningSchedule`` options; ``None``: every edge trained)."""
-    loss = module.loss_fn
-    return {
-        "tree": {k: v for k, v in asdict(module.tree).items() if v is not None},
-        "advantage": asdict(module.advantage),
-        "pruning": dict(pruning) if pruning is not None else None,
-        "loss": {k: getattr(loss, k) for k in ("clip_range", "adv_clip", "kl_beta") if hasattr(loss, k)},
-        "reward": type(module.reward).__name__,
-    }
-
-
-def how_to_load(adapter: DiffusionAdapter, lora: bool, base: str) -> str:
-    """A Python snippet that loads the export."""
-    if _is_shapes(adapter):
-        if lora:
-            from ..models.shapes import BUILTIN
-
-            folder = "str(builtin_folder())" if base == BUILTIN else repr(base)
-            return (
-                "from diffusers import SD3Transformer2DModel  # the Shapes model's transformer\n"
-                + ("from lit_treegrpo.models.shapes import builtin_folder\n" if base == BUILTIN else "")
-                + f"transformer = SD3Transformer2DModel.from_pretrained({folder}, subfolder='transformer')\n"
-                "transformer.load_lora_adapter(DIR, prefix=None, weight_name='pytorch_lora_weights.safetensors')"
-            )
-        return "from lit_treegrpo.models.shapes import ShapesAdapter\nadapter = ShapesAdapter(pretrained=DIR)"
-    pipeline = type(adapter.pipeline).__name__
-    if adapter.base_pipeline_code is not None:
-        # a model built in code (a tiny one from a seed): a plain pipeline of it, without the
-        # adapter's own LoRA, so that the export loads as the only LoRA
-        imports, call = adapter.base_pipeline_code
-        load_base = f"{imports}\npipe = {call}"
-    else:
-        load_base = f"from diffusers import {pipeline}\npipe = {pipeline}.from_pretrained({base!r})"
-    if lora:
-        return f"{load_base}\n{adapter.lora_load_code()}"
-    trained = adapter.trained_denoisers()
-    models = sorted({type(m).__name__ for m in trained.values()})
-    lines = [f"{load_base}\nfrom diffusers import {', '.join(models)}"]
-    for sub, denoiser in trained.items():
-        lines.append(f"pipe.{sub} = {type(denoiser).__name__}.from_pretrained(DIR, subfolder={sub!r})")
-    return "\n".join(lines)
-
-
-def _card_text(card: Mapping[str, Any]) -> str:
-    def reward(value: Any) -> str:
-        return "not logged" if value is None else f"{value:.4f}"
-
-    lines = [
-        "# lit_treegrpo export",
-        "",
-        f"- base model: `{card['base_model']}` ({card['adapter']})",
-        f"- method: tree `{card['method']['tree']}`, advantage `{card['method']['advantage']['method']}`, "
-        f"reward `{card['method']['reward']}`",
-        f"- trained: {card['iterations']} training iterations ({card['optimizer_steps']} optimizer steps)",
-        f"- reward (training, last logged): {reward(card['reward'])}",
-        f"- held-out reward (last validation): {reward(card['held_out_reward'])}",
-        f"- weights: {card['weights']}: {', '.join(card['files'])}",
-    ]
-    if card.get("ema"):
-        lines.append(f"- EMA weights in `ema/` ({card['ema']['num_updates']} updates, decay {card['ema']['decay']})")
-    lines += ["", "Load (DIR = this folder):", "", "```python", card["load"], "```", ""]
-    return "\n".join(lines)
 
 
 def export(
@@ -299,6 +258,7 @@ def export(
         _write(
             module,
             staging,
+            out,
             merged=merged,
             ema=ema,
             metrics=metrics,
@@ -354,6 +314,7 @@ def _move_into_place(staging: Path, out: Path, option: str) -> None:
 def _write(
     module: Any,
     staging: Path,
+    out: Path,
     *,
     merged: bool,
     ema: Mapping[str, Any] | None,
@@ -384,10 +345,11 @@ def _write(
         "files": files,
         "ema": {"num_updates": int(ema["num_updates"]), **ema.get("options", {})} if ema is not None else None,
         "checkpoint": checkpoint,
-        "load": how_to_load(adapter, lora, base),
+        "load": how_to_load(adapter, lora, base, folder=out),
     }
     (staging / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n")
-    (staging / CARD_TEXT).write_text(_card_text(card))
+    (staging / CARD_TEXT).write_text(card_text(card))
+    readable_like(staging / CARD_FILE, staging)
 
 
 def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]:

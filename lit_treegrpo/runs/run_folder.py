@@ -39,7 +39,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
 from ..common.files import NotWrittenHere, check_no_link, clear_written, remove_empty_folder, remove_written
@@ -378,6 +378,16 @@ class RunTensorBoardLogger(TensorBoardLogger):
         if self._experiment is None:
             self._experiment = _DeferredSummaryWriter(self._open_writer)
         return self._experiment
+
+    @override
+    @rank_zero_only
+    def save(self) -> None:
+        # Lightning writes hparams.yaml once, at the first save: an empty one ({}) when the module
+        # logs no hyper-parameters (this one saves none); the run's config record is config.yaml
+        if self.hparams:
+            super().save()
+        else:
+            self.experiment.flush()
 
     def _open_writer(self) -> Any:
         from torch.utils.tensorboard import SummaryWriter

@@ -1,16 +1,27 @@
-"""The Shapes world: a small text-to-image task where RL measurably improves prompt following.
+"""The Shapes testbed in one folder: a small text-to-image task where RL measurably improves prompt
+following.
 
-Imports run one way (a test checks it):
-
-1. :mod:`.world` (the bottom: scenes, prompts, rendering; imports only torch),
-2. the model (:mod:`lit_treegrpo.models.shapes`) and the reward (:mod:`lit_treegrpo.rewards.shapes`),
-   which import the world,
-3. :mod:`.pretrain` (the top: pre-training the model, which needs the world, the model and the
-   reward).
-
-This package's ``__init__`` imports nothing, so that importing the world never pulls in the top.
-
-May import: the world, torch only; :mod:`.pretrain` also :mod:`lit_treegrpo.core`,
-:mod:`lit_treegrpo.common` (its YAML checks), the Shapes model and reward, and Lightning (pre-training has its own small LightningCLI); never the package's
-Lightning layer (training, data, runs, cli).
+May import: the world, torch only; :mod:`.model`, :mod:`.reward` and :mod:`.pretrain` also
+:mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.common`, the model and reward base classes
+(:mod:`lit_treegrpo.models`, :mod:`lit_treegrpo.rewards`), and Lightning (pre-training has its own
+small LightningCLI); never the package's Lightning layer (training, data, runs, cli). Nothing below
+imports this folder: ``lit_treegrpo.models.shapes`` and ``lit_treegrpo.rewards.shapes`` are
+compatibility names resolved by name.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {"ShapesAdapter": "model", "ShapesModelConfig": "model", "ShapesReward": "reward", "ShapesAnalysis": "reward"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'lit_treegrpo.shapes' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"lit_treegrpo.shapes.{_LAZY[name]}"), name)
+
+
+__all__ = ["ShapesAdapter", "ShapesAnalysis", "ShapesModelConfig", "ShapesReward"]

@@ -1,20 +1,4 @@
-"""Pre-train the Shapes model by flow matching on procedural scenes, through Lightning.
-
-``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml`` trains from a
-seed and, at the end, writes the EMA weights as a Shapes model folder to ``export_dir`` (the shipped
-weights live in ``lit_treegrpo/shapes/weights``; docs/shapes.md says how to regenerate them).
-
-Every random draw is a pure function of ``(seed, step)``: batch ``k`` renders
-:func:`~lit_treegrpo.shapes.world.sample_scenes` from a generator seeded by ``(seed, k)``, and the
-noise levels and noises of step ``k`` come from another one. A run is therefore reproducible from
-its seed (bitwise on the same machine and thread count), and a resumed run continues the stream.
-
-Loss: rectified flow (SD3): ``x_sigma = (1 - sigma) x0 + sigma eps``, the transformer predicts
-``v = eps - x0`` at timestep ``1000 sigma``, mean squared error; ``sigma`` is logit-normal (SD3's
-default) and a fraction ``caption_dropout`` of the prompts is replaced by "" so that classifier-free
-guidance works. The text encoder trains jointly. Validation samples fixed prompts and seeds with the
-deterministic sampler and logs the Shapes reward and the colour / shape accuracy.
-"""
+"""Pre-train the Shapes model by flow matching on procedural scenes, through Lightning."""
 
 from __future__ import annotations
 
@@ -36,7 +20,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..core.rollout import rollout
 from ..core.seeding import generator
 from ..core.spec import TreeSpec
-from ..models.shapes import (
+from . import world
+from .model import (
     ShapesAdapter,
     ShapesModelConfig,
     build_components,
@@ -44,8 +29,9 @@ from ..models.shapes import (
     model_config_of,
     save_components,
 )
-from ..rewards.shapes import ShapesReward
-from . import world
+from .reward import ShapesReward
+
+DEFAULT_MODEL = ShapesModelConfig()  # the shipped model's sizes
 
 
 class SceneBatch(NamedTuple):
@@ -172,7 +158,7 @@ class ShapesPretrainModule(pl.LightningModule):
 
     def __init__(
         self,
-        model: ShapesModelConfig = ShapesModelConfig(),
+        model: ShapesModelConfig = DEFAULT_MODEL,
         seed: int = 0,
         lr: float = 1e-3,
         weight_decay: float = 0.0,

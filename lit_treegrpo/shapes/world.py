@@ -1,28 +1,4 @@
-"""The Shapes world: procedural images of one coloured shape on a dark background, with prompts.
-
-A *scene* is one shape (circle, square or upright triangle) of one of eight colours, of some extent
-(the side of its bounding box) and position, on a dark grey background. Its prompt names the colour
-and the shape, and optionally a size word and a position phrase::
-
-    a red circle | a small blue square | an orange triangle on the left | a large cyan circle at the top
-
-The grammar is closed (:func:`all_prompts` lists its 360 prompts) and :func:`parse_prompt` reads a
-prompt back into a :class:`ShapeSpec`, so a reward can verify an image against its prompt
-(:class:`lit_treegrpo.rewards.ShapesReward`). Everything is sized relative to the canvas, so any
-``image_size`` works; the shipped model uses 16 pixels.
-
-Geometry (in pixels, ``W`` the canvas side, ``e`` the extent, ``(cx, cy)`` the bounding-box centre):
-
-- circle: diameter ``e``; square: side ``e``, axis-aligned; triangle: apex up, base ``e`` and
-  height ``e`` (centroid ``e / 6`` below the box centre).
-- sizes: ``small`` ``e / W`` in [0.30, 0.42), medium [0.42, 0.56) (no word), ``large`` [0.56, 0.70].
-  The areas of the three shapes overlap across sizes, so area alone does not tell them apart.
-- positions: ``on the left`` ``cx < 0.42 W``, ``on the right`` ``cx > 0.58 W``, ``at the top``
-  ``cy < 0.42 W``, ``at the bottom`` ``cy > 0.58 W``.
-
-Rendering is anti-aliased by supersampling (``supersample`` x ``supersample`` points per pixel), in
-torch, batched; scenes are drawn from a generator, so a dataset is a pure function of its seed.
-"""
+"""The Shapes world: procedural images of one coloured shape on a dark background, with prompts."""
 
 from __future__ import annotations
 
@@ -100,11 +76,7 @@ def all_prompts() -> list[str]:
 
 
 def parse_prompt(prompt: str) -> ShapeSpec:
-    """Read a prompt of the grammar back into a :class:`ShapeSpec` (case and spacing ignored).
-
-    Raises:
-        ValueError: the prompt is not ``a|an [small|large] <colour> <shape> [<position>]``.
-    """
+    """Read a prompt of the grammar back into a :class:`ShapeSpec` (case and spacing ignored)."""
     words = prompt.lower().split()
     rest = words[1:] if words and words[0] in ("a", "an") else words
     size = rest[0] if rest and rest[0] in SIZE_WORDS else None
@@ -125,9 +97,8 @@ def parse_prompt(prompt: str) -> ShapeSpec:
 
 
 def coverage(shape: Tensor, extent: Tensor, cx: Tensor, cy: Tensor, image_size: int, supersample: int = 4) -> Tensor:
-    """Anti-aliased coverage [B, H, W] in [0, 1] of shapes [B] (indices into SHAPES) with
-    bounding-box side ``extent`` [B] centred at ``(cx, cy)`` [B] (pixels; pixel ``i`` spans
-    ``[i, i + 1)``). Each pixel averages ``supersample**2`` point samples."""
+    """Anti-aliased coverage [B, H, W] in [0, 1] of shapes [B] (indices into SHAPES) with bounding-box side ``extent``
+    [B] centred at ``(cx, cy)`` [B] (pixels; pixel ``i`` spans ``[i, i + 1)``)."""
     n = image_size * supersample
     device = extent.device
     u = (torch.arange(n, device=device, dtype=torch.float32) + 0.5) / supersample  # [n] sample coords
@@ -144,8 +115,7 @@ def coverage(shape: Tensor, extent: Tensor, cx: Tensor, cy: Tensor, image_size: 
 
 
 def render(scenes: Scenes, image_size: int, supersample: int = 4) -> Tensor:
-    """Images [B, 3, H, W] in [0, 1] of ``scenes``: the colour blended over the background by the
-    shape's coverage."""
+    """Images [B, 3, H, W] in [0, 1] of ``scenes``: the colour blended over the background by the shape's coverage."""
     cov = coverage(scenes.shape, scenes.extent, scenes.cx, scenes.cy, image_size, supersample)  # [B, H, W]
     palette = torch.tensor(list(COLOURS.values()), device=cov.device)  # [K, 3]
     fg = palette[scenes.colour].view(-1, 3, 1, 1)  # [B, 3, 1, 1]
@@ -193,13 +163,7 @@ def sample_scenes(
     size_word_prob: float = 0.5,
     position_word_prob: float = 0.5,
 ) -> Scenes:
-    """``n`` random scenes and their prompts (CPU tensors; a pure function of the generator state).
-
-    Colour, shape and size class are uniform; the extent is uniform within its class and the centre
-    uniform over the canvas. A prompt names a ``small`` / ``large`` size with probability
-    ``size_word_prob``, and with probability ``position_word_prob`` one position phrase that the
-    centre satisfies (chosen uniformly among those that hold; none when the shape is central).
-    """
+    """``n`` random scenes and their prompts (CPU tensors; a pure function of the generator state)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     for name, p in (("size_word_prob", size_word_prob), ("position_word_prob", position_word_prob)):
@@ -230,8 +194,7 @@ def sample_scenes(
 
 
 def scenes_for(prompts: list[str], image_size: int, generator: torch.Generator | None = None) -> Scenes:
-    """One random scene per prompt that satisfies it (its free attributes drawn as in
-    :func:`sample_scenes`). Reference images for tests and for the reward's calibration."""
+    """One random scene per prompt that satisfies it (its free attributes drawn as in :func:`sample_scenes`)."""
     specs = [parse_prompt(p) for p in prompts]
     n = len(specs)
     shape = torch.tensor([_SHAPE_IDS[s.shape] for s in specs])

@@ -1,7 +1,6 @@
-"""What the module does differently on an accelerator, kept apart so that it can be checked on the
-CPU: AdamW's fused kernel when the parameters are on CUDA (:func:`fused_on_cuda`) and the dtype the
-denoiser computes in under mixed precision (:func:`compute_dtype`, which the on-policy check's
-tolerance follows)."""
+"""What the module does differently on an accelerator, kept apart so that it can be checked on the CPU: AdamW's fused
+kernel when the parameters are on CUDA (:func:`fused_on_cuda`) and the dtype the denoiser computes in under mixed
+precision (:func:`compute_dtype`, which the on-policy check's tolerance follows)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,9 @@ import torch
 
 
 def fused_on_cuda(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
-    """``optimizer`` rebuilt with ``fused=True`` when it is an Adam or AdamW left at the default
-    implementation (neither ``fused`` nor ``foreach`` chosen) and the parameters live on CUDA: one
-    kernel for all parameters instead of a loop over them, and step counters kept on the device, so
-    the step reads nothing back from it. Otherwise (the CPU, a choice made in the config, another
-    optimizer) ``optimizer`` itself."""
+    """``optimizer`` rebuilt with ``fused=True`` when it is an Adam or AdamW left at the default implementation
+    (neither ``fused`` nor ``foreach`` chosen) and the parameters live on CUDA: one kernel for all parameters
+    instead of a loop over them, and step counters kept on the device, so the step reads nothing back from it."""
     if device.type != "cuda" or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return optimizer
     chosen = optimizer.defaults

@@ -1,22 +1,4 @@
-"""The fault policy: its options (:class:`FaultPolicy`), its state and decisions (:class:`FaultLedger`).
-
-A training step meets four kinds of fault: NaN / inf rewards, a reward call that raises, a
-non-finite loss, a non-finite gradient. Under ``nonfinite="error"`` each stops the run with a message naming it. Under ``"skip"``:
-
-- a prompt with a non-finite leaf reward is left out of the step (:meth:`FaultLedger.screen`),
-  the other prompts train as usual;
-- a reward call that raises skips the whole step (:meth:`FaultLedger.score`);
-- a non-finite loss or gradient skips that optimizer step, gradients zeroed
-  (:meth:`FaultLedger.refuse_update`);
-- ``max_consecutive_skips`` training steps in a row without an update because of a fault stop the
-  run, naming the last cause (:meth:`FaultLedger.end_step`).
-
-Decisions that change the number of backward passes or optimizer steps are taken on counts summed
-over the data-parallel ranks, so every rank decides alike and no collective waits for a rank that
-skipped. The counters (:data:`FAULT_COUNTERS`) are logged as ``faults/*`` and kept in checkpoints
-(:meth:`FaultLedger.state_dict`). A non-finite gradient is detected by its norm
-(:func:`lit_treegrpo.training.update.step_problem`).
-"""
+"""The fault policy: its option (:class:`FaultPolicy`), its state and decisions (:class:`FaultLedger`)."""
 
 from __future__ import annotations
 
@@ -30,6 +12,7 @@ from torch import Tensor
 
 from ..common.errors import first_line
 from ..core.choices import check_choice
+from ..core.samples import Scored, Screened
 from ..rewards.scores import RewardOutputError
 
 NonFinite = Literal["error", "skip"]
@@ -41,20 +24,16 @@ class FaultPolicy:
     loss or gradient. Counters are logged as ``faults/*`` and kept in checkpoints."""
 
     nonfinite: NonFinite = "error"
-    """``error``: stop at the first fault, naming it (the reward and its prompts, or the iteration
-    and micro-batch). ``skip``: drop the prompts whose leaves got NaN / inf rewards from the step
-    (the other prompts train as usual), skip the whole step when the reward call raises, skip the
-    optimizer step (gradients zeroed) when the loss or a gradient is not finite."""
-    max_consecutive_skips: int = 3
-    """With ``skip``: stop once this many training steps in a row made no update because of a
-    fault, naming the last cause."""
+    """``error`` stops at the first fault, naming it; ``skip`` drops the prompts whose leaves got NaN / inf
+    rewards from the step, skips the step when the reward call raises and the optimizer step when a
+    loss or gradient is not finite, and stops after 3 steps in a row without an update."""
 
     def __post_init__(self) -> None:
         check_choice("faults.nonfinite", self.nonfinite, NonFinite)
-        if self.max_consecutive_skips < 1:
-            raise ValueError(f"faults.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
 
 
+#: with ``skip``: training steps in a row without an update that stop the run
+MAX_CONSECUTIVE_SKIPS = 3
 #: the ledger's counters, in the order they are logged and saved
 FAULT_COUNTERS = ("skipped_groups", "skipped_steps", "skipped_updates", "consecutive", "zero_std_groups")
 _SHOW = 8  # prompts a message names
@@ -69,25 +48,6 @@ class FaultWarning(RuntimeWarning):
 
 class FaultLimitError(RuntimeError):
     """Too many consecutive training steps were skipped because of faults."""
-
-
-class Scored(NamedTuple):
-    """The leaves' rewards as the reward call gave them."""
-
-    rewards: Tensor  # [L] float32; may hold NaN / inf under skip (all NaN when the call raised)
-    components: dict[str, Tensor]  # name -> [L] float32, a MultiReward's parts (else empty)
-    failure: str | None  # why the reward call raised (skip), else None
-
-
-class Screened(NamedTuple):
-    """The rewards a step trains on, and the prompts it leaves out."""
-
-    rewards: Tensor  # [L] the dropped prompts' leaves replaced by 0 (finite stand-ins)
-    dropped: Tensor  # [P] bool: prompts left out of this step
-
-    def kept_leaves(self, leaf_prompt: Tensor) -> Tensor:
-        """[L] bool: the leaves of the prompts that train."""
-        return ~self.dropped[leaf_prompt]
 
 
 class StepPlan(NamedTuple):
@@ -142,9 +102,8 @@ class FaultLedger:
             return Scored(torch.full((len(prompts),), float("nan"), device=images.device), {}, cause)
 
     def screen(self, rewards: Tensor, leaf_prompt: Tensor, num_prompts: int) -> Screened:
-        """Under ``skip``, drop the prompts with a NaN / inf leaf reward: normalisation is per
-        prompt, so finite stand-ins (0) for their rewards leave every other prompt's advantages as
-        they are. Under ``error`` nothing is dropped (the advantages refuse NaN, naming the leaves)."""
+        """Under ``skip``, drop the prompts with a NaN / inf leaf reward: normalisation is per prompt, so finite
+        stand-ins (0) for their rewards leave every other prompt's advantages as they are."""
         dropped = torch.zeros(num_prompts, dtype=torch.bool, device=rewards.device)  # [P]
         if not self.skip:
             return Screened(rewards, dropped)
@@ -162,10 +121,9 @@ class FaultLedger:
         iteration: int,
         sum_over_ranks: SumOverRanks,
     ) -> StepPlan:
-        """Count the step's dropped prompts and constant-reward prompts over all ranks (one
-        collective, ``sum_over_ranks``) and decide whether the update runs: not when the reward
-        call failed on some rank, nor when dropped prompts left no edge to train on any rank.
-        ``keep`` [E] is this rank's kept edges; ``prompts`` [P] its prompts."""
+        """Count the step's dropped prompts and constant-reward prompts over all ranks (one collective,
+        ``sum_over_ranks``) and decide whether the update runs: not when the reward call failed on some rank, nor
+        when dropped prompts left no edge to train on any rank."""
         zero_std = constant_groups(screened.rewards, leaf_prompt, len(prompts)) & ~screened.dropped  # [P]
         dropped = 0 if scored.failure is not None else int(screened.dropped.sum())
         names: list[str] = []
@@ -201,10 +159,9 @@ class FaultLedger:
         return problem
 
     def end_step(self, plan: StepPlan, updates: int, update_fault: str | None, iteration: int) -> None:
-        """Count a step that made no update (``updates`` optimizer steps taken) because of a fault
-        (the plan's, or ``update_fault``: the last refused optimizer step's); raise
-        :class:`FaultLimitError` when ``max_consecutive_skips`` of them come in a row. The inputs
-        are the same on every rank, so all ranks count alike and stop together."""
+        """Count a step that made no update (``updates`` optimizer steps taken) because of a fault (the plan's, or
+        ``update_fault``: the last refused optimizer step's); raise :class:`FaultLimitError` when
+        ``max_consecutive_skips`` of them come in a row."""
         if updates > 0:
             self.counts["consecutive"] = 0
             return
@@ -212,11 +169,11 @@ class FaultLedger:
             return
         self.counts["skipped_steps"] += 1
         self.counts["consecutive"] += 1
-        if self.counts["consecutive"] >= self.policy.max_consecutive_skips:
+        if self.counts["consecutive"] >= MAX_CONSECUTIVE_SKIPS:
             cause = update_fault or plan.cause or "a fault on another data-parallel rank"
             raise FaultLimitError(
                 f"{self.counts['consecutive']} training steps in a row were skipped "
-                f"(faults.max_consecutive_skips={self.policy.max_consecutive_skips}), up to iteration "
+                f"(at most {MAX_CONSECUTIVE_SKIPS}), up to iteration "
                 f"{iteration}; last cause: {cause}; fix the reward or lower the learning rate, "
                 "or resume from the last checkpoint with --ckpt_path last"
             )

@@ -13,10 +13,8 @@ from torch import Tensor
 def save_predictions(
     images: Tensor, prompts: Sequence[str], folder: Path, batch_index: int, fps: int = 16
 ) -> list[str]:
-    """Write ``images`` [P, 3, H, W] in [0, 1] as ``<folder>/<batch>_<i>_<prompt slug>.png``, or
-    videos [P, F, 3, H, W] as looping GIFs at ``fps`` (``.gif``); returns the paths. ``folder`` is
-    this predict's own (:func:`~lit_treegrpo.common.files.fresh_folder`): nothing there is written
-    over."""
+    """Write ``images`` [P, 3, H, W] in [0, 1] as ``<folder>/<batch>_<i>_<prompt slug>.png``, or videos [P, F, 3, H, W]
+    as looping GIFs at ``fps`` (``.gif``); returns the paths."""
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)

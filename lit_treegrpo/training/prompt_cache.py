@@ -1,17 +1,6 @@
-"""Each distinct prompt encoded once: :class:`PromptCache` keeps the rows of the text encoders'
-output per prompt (LRU, ``size`` prompts), on the device or on the CPU, and can pre-encode a fixed
-prompt set at the start of a fit and then move the text encoders off the accelerator.
-
-Why: a training iteration re-encodes its batch's prompts, and the text encoders stay on the
-accelerator through the run; FLUX.1's T5 and Wan's UMT5 are 4.7-5.7B parameters, which is memory
-the denoiser's activations could use (DanceGRPO precomputes embeddings in a preprocessing script,
-Flow-Factory keeps a fingerprinted cache and offloads the encoders). Here the cache is keyed by the
-prompt and by what else changes its embedding (the adapter's ``encoding_key``: its class, its text
-encoders, the negative prompt and whether it uses one, the sequence length), and a cached row is
-the row the encoder gave for that prompt. Every encoder call, with the cache or without, takes the
-same number of prompts (``encode_batch``), so that a prompt's row does not depend on the prompts
-encoded with it, and training is bitwise unchanged with the cache on (a test checks it).
-"""
+"""Each distinct prompt encoded once: :class:`PromptCache` keeps the text encoders' output rows per prompt (LRU,
+``size`` prompts), can pre-encode a fit's prompts and then move the text encoders off the accelerator (FLUX.1's T5
+and Wan's UMT5 are 4.7-5.7B parameters)."""
 
 from __future__ import annotations
 
@@ -24,6 +13,10 @@ from typing import Any
 from torch import Tensor, nn
 
 Cond = dict[str, Tensor]
+#: prompts per text-encoder call (the last padded by repeating its last prompt): a matrix product's
+#: kernel is chosen by its shape, so a row's last bit can depend on how many rows were encoded with
+#: it (measured: the tiny CLIP's pooled output, 1 or 3 prompts vs 8)
+ENCODE_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -33,25 +26,14 @@ class PromptCacheSettings:
     size: int = 0
     """Prompts whose embeddings are kept (least recently used dropped first); 0: no cache, every
     call encodes (the default)."""
-    on_cpu: bool = False
-    """Keep the cached rows in CPU memory (each call copies its rows to the device) instead of on
-    the model's device."""
     pre_encode: bool = False
     """At the start of a fit, encode every training and validation prompt of the datamodule (needs
     a ``size`` that holds them all)."""
     offload_encoders: bool = False
     """After ``pre_encode``, move the text encoders to the CPU; a prompt not in the cache later (a
     callback's own prompt) brings them back for that call, with a warning the first time."""
-    encode_batch: int = 8
-    """Prompts per text-encoder call, cache or not: every call encodes exactly this many (the last
-    one padded by repeating its last prompt). A matrix product's kernel is chosen by its shape, so
-    a row's last float bit can depend on how many rows were encoded with it (measured: the tiny
-    CLIP's pooled output, 1 or 3 prompts vs 8); with one size for every call, a prompt's embedding
-    depends on the prompt alone, and the cache returns what encoding it again would."""
 
     def __post_init__(self) -> None:
-        if self.encode_batch < 1:
-            raise ValueError(f"prompt_cache.encode_batch must be >= 1, got {self.encode_batch}")
         if self.size < 0:
             raise ValueError(f"prompt_cache.size must be >= 0 (0: no cache), got {self.size}")
         if self.pre_encode and self.size == 0:
@@ -82,7 +64,7 @@ class PromptCache:
 
     def encode(self, adapter: Any, prompts: list[str]) -> Cond:
         """The conditioning of ``prompts`` [P rows]: from the cache where it holds them; the others
-        encoded in calls of ``encode_batch`` prompts."""
+        encoded in calls of :data:`ENCODE_BATCH` prompts."""
         if self.settings.size == 0:
             return self._encode(adapter, prompts)
         key = adapter.encoding_key()
@@ -125,16 +107,15 @@ class PromptCache:
                 module.to("cpu")
 
     def pre_encode_data(self, adapter: Any, datamodule: Any) -> None:
-        """:meth:`pre_encode` every training and validation prompt of ``datamodule``."""
-        sets = [getattr(datamodule, name, None) for name in ("train_set", "val_set")]
-        prompts = [p for s in sets if s is not None for p in s.prompts]
+        """:meth:`pre_encode` every training and validation prompt of ``datamodule`` (a ``PromptSource``)."""
+        prompts = [*datamodule.train_set.prompts, *datamodule.val_set.prompts]
         if not prompts:
             raise ValueError("prompt_cache.pre_encode: the datamodule has no prompts to encode (train_set / val_set)")
         self.pre_encode(adapter, prompts)
 
     def _encode(self, adapter: Any, prompts: list[str]) -> Cond:
-        """``adapter.encode_prompts`` in calls of exactly ``encode_batch`` prompts, cut back to ``prompts``."""
-        n = self.settings.encode_batch
+        """``adapter.encode_prompts`` in calls of exactly :data:`ENCODE_BATCH` prompts, cut back to ``prompts``."""
+        n = ENCODE_BATCH
         parts = []
         for start in range(0, len(prompts), n):
             chunk = prompts[start : start + n]
@@ -165,5 +146,4 @@ class PromptCache:
                 module.to("cpu")
 
     def _keep(self, row: Tensor) -> Tensor:
-        row = row.detach()
-        return row.to("cpu", copy=True) if self.settings.on_cpu else row.clone()
+        return row.detach().clone()

@@ -1,19 +1,5 @@
 """What a checkpoint's ``lit_treegrpo`` entry records about the run that wrote it, and the rules of
-a resume: which options it may change (docs/configs.md, "Resume rules").
-
-The entry holds ``iteration`` (completed training steps), ``fingerprint`` (:func:`fingerprint`:
-what a resumed fit must share with the run that wrote the checkpoint), ``faults``
-(:meth:`lit_treegrpo.training.faults.FaultLedger.state_dict`), ``compute`` and ``settings`` (the options a
-resume may change, recorded so that it can say what it changed: :func:`changed_settings`).
-
-- :func:`check_resumable` refuses, in one line naming the option and the checkpoint's value, a
-  resume that changes what shaped the weights (the adapter and its options, the trainable tensors'
-  names and shapes, the tree, the reward, the advantage, the loss, the seed). A field that a
-  checkpoint predates is not compared, so older checkpoints stay resumable.
-- :func:`apply_optimizer_options` gives the restored optimizer (and LR scheduler) this run's
-  options: Lightning's restore would otherwise bring back the checkpoint's learning rate while the
-  run's config record says another.
-"""
+a resume: which options it may change (docs/configs.md, "Resume rules")."""
 
 from __future__ import annotations
 
@@ -110,9 +96,8 @@ RENAMED_OPTIONS = {"clip_range": "clip_low", "clip_range_high": "clip_high"}
 
 
 def init_options(obj: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
-    """The init options of ``obj`` that it keeps as attributes (of the same name, or the one
-    :data:`RENAMED_OPTIONS` gives), as plain values, following ``**kwargs`` up its bases: what it
-    was built with, as far as it can tell."""
+    """The init options of ``obj`` that it keeps as attributes (of the same name, or the one :data:`RENAMED_OPTIONS`
+    gives), as plain values, following ``**kwargs`` up its bases: what it was built with, as far as it can tell."""
     found: dict[str, Any] = {}
     for base in type(obj).__mro__:
         if "__init__" not in vars(base):
@@ -145,11 +130,10 @@ def fingerprint(
     trainable: Iterable[str] | Mapping[str, Iterable[int]],
     **recorded: Any,
 ) -> dict[str, Any]:
-    """What a resumed run must share with the one that wrote the checkpoint: the adapter class,
-    its number of steps, the tree, the trainable parameters (names; with their shapes when given
-    as name -> shape), and the ``recorded`` fields of :data:`FIELDS` / :data:`LATER_FIELDS`
-    (``lora``, ``adapter_options``, ``adapter_config``, ``reward``, ``reward_kwargs``,
-    ``advantage``, ``loss``, ``seed``, ``optimizer``) as plain values."""
+    """What a resumed run must share with the one that wrote the checkpoint: the adapter class, its number of steps,
+    the tree, the trainable parameters (names; with their shapes when given as name -> shape), and the ``recorded``
+    fields of :data:`FIELDS` / :data:`LATER_FIELDS` (``lora``, ``adapter_options``, ``adapter_config``, ``reward``,
+    ``reward_kwargs``, ``advantage``, ``loss``, ``seed``, ``optimizer``) as plain values."""
     record = {
         "adapter": adapter_type,
         "num_steps": num_steps,
@@ -178,8 +162,7 @@ def _saved_tree(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> dict[str, 
 
 
 def _difference(saved: Any, mine: Any, option: str, by_field: bool) -> tuple[str, Any, Any] | None:
-    """The first option (dotted below ``option``) whose value differs, with both values. By field,
-    only keys present on both sides are compared: a field one side predates is not a change."""
+    """The first option (dotted below ``option``) whose value differs, with both values."""
     if by_field and isinstance(saved, Mapping) and isinstance(mine, Mapping):
         for key in saved:
             if key in mine:
@@ -198,13 +181,9 @@ def check_resumable(
     fitting: bool = True,
     where: str = "the checkpoint",
 ) -> None:
-    """Raise ``ValueError`` (one line: the option, the checkpoint's value, the fix) when this
-    run's fingerprint ``mine`` differs from the checkpoint's ``saved`` in what the weights depend
-    on, or, when ``fitting`` (a resumed fit), in what shaped them (see :data:`FIELDS`). Only the
-    fields both sides hold are compared: an older checkpoint predates some, and the CLI's check
-    before any model loads has no trainable tensors yet. ``state_dict``: the checkpoint's weights,
-    whose names and shapes are compared with this run's (None: a sharded strategy loads them
-    itself, and the recorded shapes are compared)."""
+    """Raise ``ValueError`` (one line: the option, the checkpoint's value, the fix) when this run's fingerprint
+    ``mine`` differs from the checkpoint's ``saved`` in what the weights depend on, or, when ``fitting`` (a resumed
+    fit), in what shaped them (see :data:`FIELDS`)."""
     for row in FIELDS:
         _compare(saved, mine, row, where, fitting)
     if "trainable" in mine:
@@ -283,7 +262,6 @@ SETTINGS_OPTIONS = {
     "accumulate": "--model.accumulate",
     "inner_epochs": "--model.inner_epochs",
     "grad_clip": "--model.grad_clip",
-    "val_seed": "--model.val_seed",
     "val_samples": "--model.val_samples",
     "rollout": "--model.rollout",
     "faults": "--model.faults",
@@ -364,14 +342,9 @@ def apply_optimizer_options(
     saved_scheduler: str | None,
     scheduler_restored: bool,
 ) -> list[str]:
-    """After Lightning restored a checkpoint's optimizer (and scheduler) state into this run's:
-    every option of this run's optimizer wins over the restored param groups; the learning rate
-    is this run's (with a scheduler: its base lr, the schedule's position kept and the current
-    lr scaled by new / old base). A scheduler of the checkpoint's class keeps its position and
-    takes this run's settings; a scheduler the checkpoint had not (or of another class) starts at
-    this resume. ``saved_scheduler``: the checkpoint's scheduler class (None: none, or a
-    checkpoint that predates the record, which ``scheduler_restored`` then tells). Returns the
-    changes, ``lr 0.5 (the checkpoint trained at 0.01)`` ..."""
+    """After Lightning restored a checkpoint's optimizer (and scheduler) state into this run's: every option of this
+    run's optimizer wins over the restored param groups; the learning rate is this run's (with a scheduler: its base
+    lr, the schedule's position kept and the current lr scaled by new / old base)."""
     restart = scheduler is not None and (
         not scheduler_restored or (saved_scheduler is not None and saved_scheduler != mine.scheduler)
     )

@@ -84,19 +84,10 @@ def step_metrics(
     compute_total: Compute,
     cost: ComputeCost,
 ) -> StepMetrics:
-    """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage
-    statistics, NFE, phase times (``time/<phase>_s``), the iteration (``iteration``: completed
-    ones, this step included), the fault counters (``faults/*``) and, when an update ran, its loss
-    statistics; the mean reward also as :data:`HEADLINE_TRAIN`. ``keep`` [E] bool and ``advantages`` [E] are the tree's edges'. ``compute`` is this
-    step's counted work and ``compute_total`` the run's so far, this step included: each kind as
-    ``compute/<kind>`` and their total in units under ``cost`` as ``compute/units`` (this step) and
-    ``compute/units_total`` (the run: the x-axis to compare methods on). The health metrics
-    (``health/*``: :func:`~lit_treegrpo.training.health.tree_health`, samples and compute units
-    per second of the step's phases) and the update's ratio and clip statistics come with them.
-
-    ``step`` is not a scalar but the x-axis Lightning logs every metric of the step at
-    (:data:`X_AXIS`): this step's index, ``iteration - 1``, the number of updates the weights that
-    drew its samples had seen, as sample grids and validations are placed."""
+    """The step's metrics: the mean of the finite leaf ``rewards`` [L], edges kept, advantage statistics, NFE, phase
+    times (``time/<phase>_s``), the iteration (``iteration``: completed ones, this step included), the fault
+    counters (``faults/*``) and, when an update ran, its loss statistics; the mean reward also as
+    :data:`HEADLINE_TRAIN`."""
     shown: dict[str, Any] = {}
     finite = rewards[torch.isfinite(rewards)]  # [<= L]
     logged: dict[str, Any] = {}
@@ -123,8 +114,16 @@ def step_metrics(
         logged["health/samples_per_s"] = tree.num_leaves / seconds
         logged["health/units_per_s"] = compute.units(cost) / seconds
     if update.stats is not None:
+        shown["loss"] = update.stats.loss
+    logged.update(update_metrics(update))
+    return StepMetrics(shown, logged)
+
+
+def update_metrics(update: Update) -> dict[str, Any]:
+    """The loss, ratio and clip statistics of the step's update (none when no update ran)."""
+    logged: dict[str, Any] = {}
+    if update.stats is not None:
         stats = update.stats
-        shown["loss"] = stats.loss
         logged.update(
             {
                 "train/clip_frac": stats.clip_frac,
@@ -143,16 +142,15 @@ def step_metrics(
         logged["health/ratio_dev_at_start"] = update.ratio_dev_at_start
     if update.grad_norm is not None:
         logged["train/grad_norm"] = update.grad_norm
-    return StepMetrics(shown, logged)
+    return logged
 
 
 def step_outputs(
     scored: Scored, screened: Screened, leaf_prompt: Tensor, leaf_prompts: list[str], images: Tensor
 ) -> ScoredSamples:
-    """What the callbacks receive from a training step: the rewards [L'], their components, the
-    prompts and images [L', 3, H, W] of the leaves of the prompts that trained (all ``L`` leaves,
-    without a copy of the images, when no prompt was dropped). ``leaf_prompt`` [L] is each leaf's
-    prompt index."""
+    """What the callbacks receive from a training step: the rewards [L'], their components, the prompts and images [L',
+    3, H, W] of the leaves of the prompts that trained (all ``L`` leaves, without a copy of the images, when no
+    prompt was dropped)."""
     if not screened.dropped.any():
         return ScoredSamples(scored.rewards.detach(), scored.components, leaf_prompts, images)
     kept = screened.kept_leaves(leaf_prompt)  # [L]

@@ -102,7 +102,7 @@ def test_the_training_estimate_follows_the_measured_peak_per_parent(checkpointin
     from lit_treegrpo.core.memory import training_memory as estimate
     from lit_treegrpo.core.spec import TreeSpec
     from lit_treegrpo.models.tiny import TinySD3Adapter
-    from lit_treegrpo.training.memory_probe import probe_training
+    from lit_treegrpo.training.memory_guard import probe_training
 
     adapter = TinySD3Adapter(num_steps=3, guidance_scale=1.0, gradient_checkpointing=checkpointing)
     saved = probe_training(

@@ -1,7 +1,8 @@
 """A stand-in for TreeGRPOModule with the interface the callbacks rely on, over a real tiny SD3.
 
-``adapter``, ``pruning_at`` (asking the fit's pruning owner), ``iteration`` (completed steps, bumped at the end of ``training_step`` and
-checkpointed), ``sample(prompts, seed)``, and step outputs :class:`ScoredSamples` (without images;
+``adapter``, the pruning in force (``pruning``, set by the fit's ``PruningSchedule``), ``iteration``
+(completed steps, bumped at the end of ``training_step`` and checkpointed), ``sample(prompts, seed)``,
+``score``, ``trainable_parameters``, and step outputs :class:`ScoredSamples` (without images;
 a training step's in Lightning's mapping, as the module returns it). Rewards are computed from the decoded images (brightness and redness); a training
 step takes one real optimizer step on the LoRA parameters.
 """
@@ -15,8 +16,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_treegrpo.core.pruning import NO_PRUNING, PruningConfig, PruningSource
+from lit_treegrpo.core.pruning import NO_PRUNING, PruningConfig
 from lit_treegrpo.core.samples import ScoredSamples
+from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
 
@@ -47,6 +49,9 @@ class StandIn(pl.LightningModule):
         self.automatic_optimization = False
         self.adapter = tiny_adapter()
         self.iteration = 0
+        self.seed = 0
+        self.pruning: PruningConfig = NO_PRUNING
+        self.optimizer_steps_per_iteration = 1
         self.lr = lr
         self.nan_prompt = nan_prompt
         self.seen_pruning: list[tuple[int, PruningConfig]] = []
@@ -65,13 +70,20 @@ class StandIn(pl.LightningModule):
             x = a.step(a.predict(x, i, cond), x, i, stochastic=False).prev_sample
         return a.decode(x)  # [P, 3, H, W]
 
-    def pruning_at(self) -> PruningConfig:
-        """As TreeGRPOModule.pruning_at: the fit's one pruning owner says (a tree of no steps)."""
-        owners = [c for c in self.trainer.callbacks if isinstance(c, PruningSource)]
-        return owners[0].pruning_at(self.iteration) if owners else NO_PRUNING
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return self.adapter.trainable_parameters()
+
+    def tree_at(self, iteration: int) -> TreeSpec:
+        return TreeSpec(self.adapter.num_steps)  # no stochastic step
+
+    def score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        return score(images)[0]
+
+    def grow(self, prompts: list[str], generators: list[torch.Generator]) -> Any:
+        raise NotImplementedError
 
     def training_step(self, batch: list[str], batch_idx: int) -> dict[str, ScoredSamples]:
-        self.seen_pruning.append((self.iteration, self.pruning_at()))
+        self.seen_pruning.append((self.iteration, self.pruning))
         # like TreeGRPOModule, the data position is the iteration: Lightning restarts a plain
         # DataLoader at its first batch when it resumes from a checkpoint written at an epoch's end
         first = len(batch) * self.iteration % len(TRAIN_PROMPTS)

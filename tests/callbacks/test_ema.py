@@ -15,8 +15,8 @@ from .helpers import StandIn, same, tiny_adapter
 
 
 def holder(*params: nn.Parameter, iteration: int = 0) -> SimpleNamespace:
-    """The part of the module EMA reads: ``adapter.trainable_parameters()`` (and ``iteration``)."""
-    return SimpleNamespace(adapter=SimpleNamespace(trainable_parameters=lambda: list(params)), iteration=iteration)
+    """The part of the module EMA reads: ``trainable_parameters()`` (and ``iteration``)."""
+    return SimpleNamespace(trainable_parameters=lambda: list(params), iteration=iteration)
 
 
 def test_hand_numbers_with_half_decay() -> None:
@@ -77,7 +77,7 @@ def perturbed_adapter_holder(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     for p in adapter.trainable_parameters():
         p.data.normal_(generator=gen)
-    return SimpleNamespace(adapter=adapter)
+    return SimpleNamespace(adapter=adapter, trainable_parameters=adapter.trainable_parameters)
 
 
 def test_swapped_puts_the_average_in_and_restores_bitwise() -> None:

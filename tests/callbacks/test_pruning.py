@@ -13,7 +13,7 @@ from .helpers import TRAIN_PROMPTS, StandIn, prompt_loader, trainer
 
 
 def windows(schedule: PruningSchedule, iterations: list[int]) -> list[tuple[int, int] | None]:
-    return [schedule.config_at(i, 1000).depth_window for i in iterations]
+    return [schedule.at(i, 1000).depth_window for i in iterations]
 
 
 def test_branchgrpo_depth_window_slides_deeper_until_stop() -> None:
@@ -45,8 +45,8 @@ def test_branchgrpo_code_drops_its_deepest_depths_sliding_towards_the_root() -> 
     # iterations, the window's first depth stopping at 4
     s = PruningSchedule(depth_window=2, depth_start=6, depth_every=30, depth_direction="shallower", depth_stop=4)
     assert windows(s, [0, 30, 60, 90, 1000]) == [(6, 8), (5, 7), (4, 6), (4, 6), (4, 6)]
-    assert s.config_at(0, 1000).depth_mode == "drop"
-    assert PruningSchedule(depth_window=2, depth_mode="keep").config_at(0, 1000).depth_mode == "keep"
+    assert s.at(0, 1000).depth_mode == "drop"
+    assert PruningSchedule(depth_window=2, depth_mode="keep").at(0, 1000).depth_mode == "keep"
 
 
 def test_fixed_window_and_no_depth_pruning() -> None:
@@ -65,20 +65,20 @@ def test_fixed_window_and_no_depth_pruning() -> None:
 )
 def test_width_pruning_for_the_first_fraction_of_steps(fraction: float, max_steps: int, on_steps: int) -> None:
     s = PruningSchedule(width="parent_top1", width_fraction=fraction)
-    widths = [s.config_at(i, max_steps).width for i in range(max_steps)]
+    widths = [s.at(i, max_steps).width for i in range(max_steps)]
     assert widths == ["parent_top1"] * on_steps + ["none"] * (max_steps - on_steps)
 
 
 def test_width_options_are_carried_and_full_fraction_needs_no_run_length() -> None:
-    s = PruningSchedule(width="extreme", extreme_n=2, ratio=0.25)
-    assert s.config_at(10**6, -1) == PruningConfig(width="extreme", extreme_n=2, ratio=0.25)
-    assert PruningSchedule(width="ratio", ratio=0.3).config_at(0, None) == PruningConfig(width="ratio", ratio=0.3)
+    s = PruningSchedule(width="extreme", ratio=0.25)
+    assert s.at(10**6, -1) == PruningConfig(width="extreme", ratio=0.25)
+    assert PruningSchedule(width="ratio", ratio=0.3).at(0, None) == PruningConfig(width="ratio", ratio=0.3)
 
 
 def test_width_fraction_needs_max_steps(tmp_path) -> None:
     s = PruningSchedule(width="extreme", width_fraction=0.5)
     with pytest.raises(ValueError, match="width_fraction=0.5 needs the run length: set trainer.max_steps"):
-        s.config_at(0, -1)
+        s.at(0, -1)
     # and the Trainer fails before the first step
     module = StandIn()
     with pytest.raises(ValueError, match="width_fraction"):
@@ -92,7 +92,6 @@ def test_width_fraction_needs_max_steps(tmp_path) -> None:
         (dict(width="top"), "PruningSchedule.width"),
         (dict(width_fraction=0.0), "PruningSchedule.width_fraction"),
         (dict(width_fraction=1.5), "PruningSchedule.width_fraction"),
-        (dict(extreme_n=0), "PruningSchedule.extreme_n"),
         (dict(ratio=0.0), "PruningSchedule.ratio"),
         (dict(depth_window=0), "PruningSchedule.depth_window"),
         (dict(depth_every=0), "PruningSchedule.depth_every"),
@@ -123,20 +122,20 @@ def test_step_fraction_draws_a_seeded_subset_of_the_stochastic_steps() -> None:
     # DanceGRPO: 60% of 9 SDE steps -> ceil(5.4) = 6 steps a iteration, a pure function of (seed, it)
     s = PruningSchedule(step_fraction=0.6, seed=3)
     sde = list(range(9))
-    picks = [s.config_at(i, 100, sde).steps for i in range(20)]
+    picks = [s.at(i, 100, sde).steps for i in range(20)]
     assert all(len(p) == 6 and list(p) == sorted(set(p)) and set(p) <= set(sde) for p in picks)
-    assert picks == [PruningSchedule(step_fraction=0.6, seed=3).config_at(i, 100, sde).steps for i in range(20)]
+    assert picks == [PruningSchedule(step_fraction=0.6, seed=3).at(i, 100, sde).steps for i in range(20)]
     assert len(set(picks)) > 10  # a fresh draw every iteration
-    assert picks != [PruningSchedule(step_fraction=0.6, seed=4).config_at(i, 100, sde).steps for i in range(20)]
-    assert PruningSchedule().config_at(0, 100, sde).steps is None
+    assert picks != [PruningSchedule(step_fraction=0.6, seed=4).at(i, 100, sde).steps for i in range(20)]
+    assert PruningSchedule().at(0, 100, sde).steps is None
     with pytest.raises(ValueError, match="step_fraction must be in"):
         PruningSchedule(step_fraction=0.0)
 
 
 def test_fixed_steps_are_trained_every_iteration_and_exclude_a_step_fraction() -> None:
     fixed = PruningSchedule(steps=[3, 1])
-    assert [fixed.config_at(i, 100, [0, 1, 2, 3]).steps for i in (0, 7)] == [(3, 1), (3, 1)]
-    assert fixed.config_at(0, None) == PruningConfig(steps=(3, 1))
+    assert [fixed.at(i, 100, [0, 1, 2, 3]).steps for i in (0, 7)] == [(3, 1), (3, 1)]
+    assert fixed.at(0, None) == PruningConfig(steps=(3, 1))
     with pytest.raises(ValueError, match=r"PruningSchedule\.steps must be denoising step indices >= 0"):
         PruningSchedule(steps=[-1])
     with pytest.raises(ValueError, match=r"steps=\(1,\) and step_fraction=0.6 both choose the trained steps"):
@@ -147,7 +146,7 @@ def test_every_fixed_pruning_is_a_constant_schedule() -> None:
     # the options of the old --model.pruning, each as a schedule that never changes
     cases = [
         (dict(width="parent_top1"), PruningConfig(width="parent_top1")),
-        (dict(width="extreme", extreme_n=2), PruningConfig(width="extreme", extreme_n=2)),
+        (dict(width="extreme"), PruningConfig(width="extreme")),
         (dict(width="ratio", ratio=0.25), PruningConfig(width="ratio", ratio=0.25)),
         (dict(depth_window=3, depth_start=1, depth_shift=0), PruningConfig(depth_window=(1, 4))),
         (dict(depth_window=1, depth_shift=0, depth_mode="keep"), PruningConfig(depth_window=(0, 1), depth_mode="keep")),
@@ -155,7 +154,7 @@ def test_every_fixed_pruning_is_a_constant_schedule() -> None:
     ]
     for options, fixed in cases:
         schedule = PruningSchedule(**options)
-        assert [schedule.config_at(i, None, [0, 1, 2]) for i in (0, 29, 30, 10_000)] == [fixed] * 4, options
+        assert [schedule.at(i, None, [0, 1, 2]) for i in (0, 29, 30, 10_000)] == [fixed] * 4, options
 
 
 def test_a_checkpoint_from_before_the_steps_option_resumes_silently() -> None:
@@ -175,5 +174,5 @@ def test_the_export_card_reads_the_runs_pruning_from_its_checkpoint() -> None:
 
     schedule = PruningSchedule(width="parent_top1", depth_window=2, steps=[1, 2])
     checkpoint = {"callbacks": {"EMA": {"shadows": []}, schedule.state_key: schedule.state_dict()}}
-    assert pruning_options(checkpoint) == asdict(schedule.schedule) and pruning_options(checkpoint)["steps"] == (1, 2)
+    assert pruning_options(checkpoint) == asdict(schedule) and pruning_options(checkpoint)["steps"] == (1, 2)
     assert pruning_options({"callbacks": {"EMA": {"shadows": []}}}) is None  # no schedule: every edge trained

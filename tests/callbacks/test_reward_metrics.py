@@ -70,8 +70,6 @@ def test_state_dict_round_trip() -> None:
     restored = RewardMetrics()
     restored.load_state_dict(cb.state_dict())
     assert restored.table == cb.table
-    with pytest.raises(ValueError, match="RewardMetrics.table_size"):
-        RewardMetrics(table_size=0)
 
 
 def recording_module(iteration: int = 0) -> tuple[SimpleNamespace, dict[str, tuple[float, dict]]]:

@@ -61,7 +61,7 @@ def model() -> TreeGRPOModule:
         reward=RedIsNaN(),
         tree=TreeSpec(3, branch_steps=(0, 1), branching=2),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # no optimizer state: a small file
-        faults=FaultPolicy(nonfinite="skip", max_consecutive_skips=3),
+        faults=FaultPolicy(nonfinite="skip"),  # stops after 3 skipped steps in a row
     )
 
 

@@ -46,8 +46,14 @@ def test_a_flow_matching_preset_on_sd15_says_it_needs_a_flow_matching_adapter(
     tmp_path: Path, capsys, monkeypatch, no_model, model: list[str], adapter: str
 ) -> None:
     preset = REPO / "configs" / "methods" / "dancegrpo.yaml"
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *model, "--config", str(preset), *QUIET,
-                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    # its weights in place and a reward without an extra (a missing model, then a missing extra, are
+    # reported first: tests/cli/test_first_checks.py)
+    (tmp_path / "sd15").mkdir()
+    (tmp_path / "sd15" / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    weights = ["--model.adapter.init_args.pretrained", str(tmp_path / "sd15"), "--model.reward", "brightness"]
+    weights = weights if "sd15.yaml" in str(model) else []
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *model, *weights, "--config", str(preset),
+                       *QUIET, "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
     assert line.startswith(
         f"error: --model.adapter.init_args.dynamics: {adapter} takes no option 'dynamics'; {preset} sets it, and "
         "needs a flow-matching adapter (one that takes it: SD3Adapter, FluxAdapter"

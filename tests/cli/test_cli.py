@@ -16,6 +16,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lit_treegrpo.training import memory_guard
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -238,7 +240,7 @@ BAD_YAML = """model:
         (["--model.tree.branching", "two"], "--model.tree.branching: 'two' is none of int, tuple[int, ...]"),
         (
             ["--model.advantage.method", "median"],
-            "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', got 'median'; did you mean mean?",
+            "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', got 'median'; did you mean mean?",
         ),
         (
             ["--model.adapter.init_args.num_step", "4"],
@@ -296,7 +298,10 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--model.tree.branch_steps", "[3]"], "--model.tree: branch_steps contains the last denoising step 3"),
-        (["--model.tree.branching", "8", "--model.rollout.max_leaves", "32"], "the tree has 64 leaves per prompt"),
+        (
+            ["--model.rollout.max_leaves", "32"],
+            "--model.rollout.max_leaves: no longer an option; the memory guard refuses",
+        ),
         (["--model.tree.num_steps", "6"], "--model.tree.num_steps=6 but the adapter samples with num_steps=4"),
         (["--model.tree.branch_steps", "[]"], "--model.tree has no stochastic step, so nothing would train"),
         (["--model.minibatches", "0"], "--model.minibatches must be >= 1, got 0"),
@@ -314,7 +319,7 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
             ["--model.loss.kl_beta", "0.1", "--model.adapter.init_args.lora", "null"],
             "--model.loss.kl_beta > 0 needs the adapter's lora",
         ),
-        (["--model.faults.max_consecutive_skips", "0"], "--model.faults: faults.max_consecutive_skips must be >= 1"),
+        (["--model.faults.nonfinite", "ignore"], "--model.faults.nonfinite: expected one of 'error', 'skip'"),
         (["--model.memory_guard.fraction", "1.5"], "--model.memory_guard: memory_guard.fraction must be in (0, 1]"),
         (
             ["--model.reward", "{hps: 0.5, nope: 0.5}"],
@@ -518,7 +523,7 @@ def test_each_predict_writes_a_folder_of_its_own_and_nothing_there_is_written_ov
     main(args)
     first = {p.name: p.read_bytes() for p in (tmp_path / "predictions-2").iterdir()}
     assert len(first) == 2 and all(name.endswith(".png") for name in first)
-    main([*args, "--model.val_seed", "7"])  # another seed: other images, in the next folder
+    main([*args, "--model.adapter.init_args.seed", "7"])  # other weights: other images, in the next folder
     second = {p.name: p.read_bytes() for p in (tmp_path / "predictions-3").iterdir()}
     assert second.keys() == first.keys() and second != first
     assert {p.name: p.read_bytes() for p in (tmp_path / "predictions-2").iterdir()} == first  # nothing replaced
@@ -542,10 +547,11 @@ def test_a_tree_that_cannot_fit_is_refused_before_the_first_batch_is_drawn(tmp_p
     drawn = []
     batch = PromptStream.batch
     monkeypatch.setattr(PromptStream, "batch", lambda self, k: drawn.append(k) or batch(self, k))
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb", "1e-6",
+    monkeypatch.setattr(memory_guard, "available_memory", lambda device, processes=1: (1000, "measured"))  # 1 kB
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET,
                        "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith("error: memory guard: one rollout needs about "), line
-    assert "but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B); lower --data.batch_size" in line
+    assert "but 1 kB is available (measured; x 0.9 = 900 B); lower --data.batch_size" in line
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert drawn == []  # the estimate came before the prompt stream drew anything
 
@@ -554,7 +560,7 @@ def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_p
     from lit_treegrpo.core.memory import cond_row_bytes, held_tree_bytes, rollout_memory, training_memory
     from lit_treegrpo.core.spec import TreeSpec
     from lit_treegrpo.models.tiny import TinySD3Adapter
-    from lit_treegrpo.training.memory_probe import probe_training
+    from lit_treegrpo.training.memory_guard import probe_training
 
     # configs/tiny.yaml's run, estimated as the guard does: a budget the rollout fits and one parent
     # of the training pass (AdamW's two moments to come) does not
@@ -574,8 +580,9 @@ def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_p
     ).total(1)
     budget = (one - 1000) / 0.9
     assert rollout_memory(spec, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(cond)).total < budget * 0.9
-    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.memory_guard.available_gb",
-                       str(budget / 1e9), "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    monkeypatch.setattr(memory_guard, "available_memory", lambda device, processes=1: (int(budget), "measured"))
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET,
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
     assert line.startswith(
         "error: memory guard: the training pass cannot fit even one parent per forward: it needs about "
     ), line
@@ -586,11 +593,11 @@ def test_a_training_pass_that_cannot_fit_one_parent_is_refused_in_one_line(tmp_p
 def test_a_run_that_keeps_skipping_stops_with_one_line_and_status_1(tmp_path: Path, capsys, monkeypatch) -> None:
     always_nan = '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [0, 1, 2, 3, 4, 5, 6, 7]}}'
     line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--model.reward", always_nan,
-                       "--model.faults.nonfinite", "skip", "--model.faults.max_consecutive_skips", "2",
+                       "--model.faults.nonfinite", "skip",
                        "--data.batch_size", "1", "--trainer.callbacks=[]", "--trainer.limit_val_batches", "0",
                        "--trainer.default_root_dir", str(tmp_path), code=1)  # fmt: skip
     assert line.startswith(
-        "error: 2 training steps in a row were skipped (faults.max_consecutive_skips=2), up to iteration 1; "
+        "error: 3 training steps in a row were skipped (at most 3), up to iteration 2; "
         "last cause: non-finite rewards for prompts ['a "
     ), line
 
@@ -656,11 +663,11 @@ def test_fit_help_shows_the_options_docstrings() -> None:
     text = " ".join(result.stdout.split())
     for snippet in (
         "Children per node at each branch step",  # TreeSpec attribute docstring
-        "Refuse trees with more leaves per prompt",
+        "Most nodes per model call",  # RolloutLimits attribute docstring
         "optimizer steps per inner epoch",  # TreeGRPOModule argument docstring
         "Training prompts: a .txt file",  # PromptDataModule argument docstring
         "``mean`` (TreeGRPO code)",  # AdvantageSettings attribute docstring
-        "drop the prompts whose leaves got NaN / inf rewards",  # FaultPolicy attribute docstring
+        "drops the prompts whose leaves got NaN / inf rewards",  # FaultPolicy attribute docstring
         "Refuse when the estimate exceeds this fraction",  # MemoryGuard attribute docstring
         "Prompts per training step over all data-parallel ranks",  # PromptDataModule.global_batch_size
     ):
@@ -819,6 +826,9 @@ def _interrupt_and_resume(root: Path, reference: Path, signum: int, phase: str) 
     assert proc.returncode == 0, err[-2000:]
     assert "Interrupted after training step 4: checkpoint written to" in out + err
     assert "`weights_only` was not set" not in out + err  # no stray line from Lightning
+    # a Ctrl-C is said as one, not as the SIGTERM the callback turns it into; a SIGTERM as itself
+    assert ("Ctrl-C: stopping after the current step" in out + err) == (signum == signal.SIGINT)
+    assert ("Received SIGTERM" in out + err) == (signum == signal.SIGTERM), out + err
     last = root / "part" / "checkpoints" / "last.ckpt"
     # the step in flight (iteration 3) finished and was saved; nothing after it ran
     assert torch.load(last, weights_only=False)["lit_treegrpo"]["iteration"] == 4

@@ -169,16 +169,6 @@ def reference_advantages(
     M = [statistics.fmean(a[leaf] for leaf in below[e]) for e in range(E)]
     if method == "mean":
         return M
-    if method == "parent_relative":
-        adv = []
-        for e in range(E):
-            p = edge_parent[e]
-            if p >= 0:
-                base = M[p]
-            else:
-                base = statistics.fmean(a[j] for j in range(L) if leaf_prompt[j] == prompt_of[e])
-            adv.append(M[e] - base)
-        return adv
     assert method == "logprob_softmax"
     memo: dict[int, float] = {}
 
@@ -220,10 +210,6 @@ EXPECTED = {
     # logprob_softmax: V(e0) = 1/5 a0 + 4/5 a1 = (-3/5 + 4/5)/sqrt5 = 1/(5 sqrt5);
     # V(e1) = 4/5 a2 + 1/5 a3 = (-4/5 + 3/5)/sqrt5 = -1/(5 sqrt5); leaf edges V = a.
     "logprob_softmax": [1 / (5 * SQ5), -1 / (5 * SQ5), *A],
-    # parent_relative: M(-1) = mean a over the prompt = 0, so the roots get M(e0) = -1/sqrt5 and
-    # M(e1) = 1/sqrt5; e2: a0 - M(e0) = (-3 + 1)/sqrt5 = -2/sqrt5, e3: (1 + 1)/sqrt5,
-    # e4: (-1 - 1)/sqrt5, e5: (3 - 1)/sqrt5.
-    "parent_relative": [-1 / SQ5, 1 / SQ5, -2 / SQ5, 2 / SQ5, -2 / SQ5, 2 / SQ5],
 }
 # branch_fusion, depth 1 (leaf edges): nothing strictly below, one leaf each, F = raw r =
 # [1, 3, 2, 4]; over the group {e2..e5}: mean 2.5, pstd sqrt5/2 -> A = a. Depth 0 {e0, e1}, weights
@@ -259,7 +245,7 @@ def test_hand_tree_is_what_rollout_records():
     assert tree.edge_depth.tolist() == [0, 0, 1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("method", ["mean", "logprob_softmax", "parent_relative"])
+@pytest.mark.parametrize("method", ["mean", "logprob_softmax"])
 def test_hand_depth2(method):
     out = _hand(method)
     assert out.shape == (6,)
@@ -301,7 +287,7 @@ def test_hand_two_prompts_normalised_separately():
         return per_prompt[:2] * 2 + per_prompt[2:] * 2
 
     args = (_t(rewards), _long(edge_parent), _long(leaf_edge), _long(leaf_prompt))
-    for method in ("mean", "logprob_softmax", "parent_relative"):
+    for method in ("mean", "logprob_softmax"):
         out = tree_advantages(*args, method=method, edge_old_log_prob=_t(lp))
         _close(out, two(EXPECTED[method]))
     for beta, expected in BRANCH_FUSION.items():
@@ -326,9 +312,6 @@ CHAIN_EXPECTED = {
     # e0 has one child, and a softmax over one is 1 whatever its log-prob, so V(e0) = V(e2) and
     # V(e1) = V(e3).
     "logprob_softmax": [1 / (5 * SQ5), -1 / (5 * SQ5), 1 / (5 * SQ5), -1 / (5 * SQ5), *A],
-    # parent_relative: e0, e1 as in "mean" (M(-1) = 0); e2 = M(e2) - M(e0) = 0, e3 = 0;
-    # leaf edges a - M(chain parent): [-3 + 1, 1 + 1, -1 - 1, 3 - 1]/sqrt5.
-    "parent_relative": [-1 / SQ5, 1 / SQ5, 0.0, 0.0, -2 / SQ5, 2 / SQ5, -2 / SQ5, 2 / SQ5],
     # branch_fusion, beta = 1: for e0 the path weights are
     # softmax(lp(e2) + lp(e4), lp(e2) + lp(e5)): the shared chain edge e2 cancels, [1/5, 4/5]
     # again, so F(e0) = F(e2) = 2.6 and F(e1) = F(e3) = 2.4 (e3's 3 ln2 cancels the same way).
@@ -705,9 +688,7 @@ def test_std_scope_and_method_rule_is_stated_once() -> None:
         match=r"^advantage.std_scope 'global' does not apply to branch_fusion, .*; use advantage.std_scope 'group'$",
     ):
         check_advantage_options("branch_fusion", "global", prefix="advantage.")
-    with pytest.raises(
-        ValueError, match=r"^method must be 'mean', 'logprob_softmax', 'branch_fusion' or 'parent_relative', got 'x'$"
-    ):
+    with pytest.raises(ValueError, match=r"^method must be 'mean', 'logprob_softmax' or 'branch_fusion', got 'x'$"):
         check_advantage_options("x", "group")
 
 

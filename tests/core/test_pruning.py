@@ -68,8 +68,8 @@ def test_parent_top1_matches_brute_force(seed: int) -> None:
     assert bool(prune(tree, adv, PruningConfig(width="parent_top1"))[tree.edge_step == 0].all())
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_extreme_keeps_best_and_worst_paths_per_prompt(n: int) -> None:
+def test_extreme_keeps_best_and_worst_paths_per_prompt() -> None:
+    n = 1
     tree = grow(TreeSpec(6, branch_steps=(0, 1, 2), branching=2), num_prompts=3)
     adv = torch.randn(tree.num_edges, generator=torch.Generator().manual_seed(n))
     keep_leaves: set[int] = set()
@@ -77,7 +77,7 @@ def test_extreme_keeps_best_and_worst_paths_per_prompt(n: int) -> None:
         leaves = [i for i in range(tree.num_leaves) if int(tree.leaf_prompt[i]) == p]
         ranked = sorted(leaves, key=lambda i: float(adv[tree.leaf_edge[i]]))
         keep_leaves |= set(ranked[:n]) | set(ranked[-n:])
-    keep = prune(tree, adv, PruningConfig(width="extreme", extreme_n=n))
+    keep = prune(tree, adv, PruningConfig(width="extreme"))
     assert torch.equal(keep, edges_of(tree, keep_leaves))
 
 
@@ -119,7 +119,6 @@ def test_flat_tree_parent_top1_keeps_all() -> None:
     ("kwargs", "message"),
     [
         (dict(width="top"), "pruning.width"),
-        (dict(extreme_n=0), "pruning.extreme_n"),
         (dict(ratio=1.5), "pruning.ratio"),
         (dict(depth_window=(3, 3)), "pruning.depth_window"),
         (dict(depth_mode="only"), "pruning.depth_mode must be 'drop' or 'keep'"),

@@ -71,15 +71,11 @@ def test_validation_names_the_field(kwargs: dict, message: str) -> None:
         TreeSpec(**kwargs)
 
 
-def test_leaf_cap_is_a_rollout_limit_and_configurable() -> None:
-    spec = TreeSpec(10, branch_steps=(0, 1, 2, 3, 4, 5), branching=3)  # 729 leaves: a tree like any
+def test_a_large_tree_is_a_tree_like_any_and_the_rollout_limit_is_checked() -> None:
+    spec = TreeSpec(10, branch_steps=(0, 1, 2, 3, 4, 5), branching=3)  # 729 leaves: the memory guard's to judge
     assert spec.num_leaves == 729
-    with pytest.raises(ValueError, match=r"729 leaves per prompt .* above rollout.max_leaves=256"):
-        RolloutLimits().check(spec)
-    RolloutLimits(max_leaves=3**6).check(spec)
-    for bad in (dict(max_batch=0), dict(max_leaves=0)):
-        with pytest.raises(ValueError, match=f"rollout.{next(iter(bad))} must be >= 1"):
-            RolloutLimits(**bad)
+    with pytest.raises(ValueError, match="rollout.max_batch must be >= 1"):
+        RolloutLimits(max_batch=0)
 
 
 def test_shared_noise_is_part_of_the_tree() -> None:

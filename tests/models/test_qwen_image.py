@@ -187,11 +187,13 @@ def test_true_cfg_is_one_batched_forward_rescaled_to_the_conditional_norm() -> N
     assert set(adapter.encode_prompts(PROMPTS)) == {"prompt_embeds", "prompt_embeds_mask"}
 
 
-def test_prompt_cache_joins_rows_of_different_lengths() -> None:
+def test_prompt_cache_joins_rows_of_different_lengths(monkeypatch) -> None:
+    from lit_treegrpo.training import prompt_cache
     from lit_treegrpo.training.prompt_cache import PromptCache, PromptCacheSettings
 
+    monkeypatch.setattr(prompt_cache, "ENCODE_BATCH", 1)  # each prompt encoded alone
     adapter = TinyQwenImageAdapter(**{k: v for k, v in OPTIONS.items() if k not in SIZE})
-    cache = PromptCache(PromptCacheSettings(size=4, encode_batch=1))  # each prompt encoded alone
+    cache = PromptCache(PromptCacheSettings(size=4))
     cache.encode(adapter, PROMPTS[:1])
     cond = cache.encode(adapter, PROMPTS)  # one cached (short) row, one fresh (long) row
     direct = adapter.encode_prompts(PROMPTS)

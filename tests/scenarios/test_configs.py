@@ -120,7 +120,10 @@ def test_a_method_preset_composes_with_a_model_config(base: str, method: Path, o
     cli = TreeGRPOCLI(args=["--config", str(CONFIGS / base), "--config", str(method), *cpu,
                             "--trainer.default_root_dir", str(tmp_path)], run=False)  # fmt: skip
     preset = yaml.safe_load(method.read_text())["model"]
-    assert cli.model.tree.num_trees == preset["tree"]["num_trees"] and cli.model.minibatches == preset["minibatches"]
+    assert (
+        cli.model.tree.num_trees == preset["tree"]["num_trees"]
+        and cli.model.update_settings.minibatches == preset["minibatches"]
+    )
     assert cli.model.adapter.dynamics == preset["adapter"]["init_args"]["dynamics"]
     assert cli.model.loss_fn.clip_low == preset["loss"]["init_args"]["clip_range"]
     schedules = [c for c in cli.trainer.callbacks if type(c).__name__ == "PruningSchedule"]

@@ -17,7 +17,6 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch)
     for key, value in {
         "QUICKSTART_STEPS": "6",
         "QUICKSTART_ROOT": str(tmp_path / "run"),
-        "QUICKSTART_REPO": str(REPO),
         "QUICKSTART_THREADS": "1",
         "PYTHONWARNINGS": "ignore",
     }.items():
@@ -29,6 +28,14 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path: Path, monkeypatch)
         out.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
     )
     assert "colour accuracy" in text and "held-out reward:" in text
+    assert "litlogger" not in text  # no advertisement from the Trainer the notebook builds
+    # the base model is scored once, by the fit itself (validate_at_start), not a second time before it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Scalars("val/reward")].count(0) == 1
     images = [o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 3  # the base grid, the reward curve, before / after
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()

@@ -24,8 +24,8 @@ PROMPTS = ["a", "b", "c"]
 LEAF_PROMPT = torch.tensor([0, 0, 1, 1, 2, 2])  # two leaves per prompt
 
 
-def ledger(nonfinite: str = "skip", max_consecutive_skips: int = 3) -> FaultLedger:
-    return FaultLedger(FaultPolicy(nonfinite=nonfinite, max_consecutive_skips=max_consecutive_skips))
+def ledger(nonfinite: str = "skip") -> FaultLedger:
+    return FaultLedger(FaultPolicy(nonfinite=nonfinite))
 
 
 def one_rank(values: list[int | bool]) -> list[int]:
@@ -134,7 +134,7 @@ def test_refuse_update_raises_under_error_and_counts_under_skip() -> None:
 
 
 def test_end_step_counts_skipped_steps_and_stops_after_max_consecutive() -> None:
-    book = ledger(max_consecutive_skips=3)
+    book = ledger()  # stops at MAX_CONSECUTIVE_SKIPS = 3
     fault = StepPlan(train=False, kept=True, faulty=True, cause="non-finite rewards for prompts ['a']")
     clean = StepPlan(train=True, kept=True, faulty=False, cause=None)
     nothing_kept = StepPlan(train=True, kept=False, faulty=False, cause=None)
@@ -149,7 +149,7 @@ def test_end_step_counts_skipped_steps_and_stops_after_max_consecutive() -> None
     with pytest.raises(FaultLimitError) as err:
         book.end_step(clean, 0, "non-finite loss nan at iteration 7, micro-batch 0", 7)
     assert str(err.value) == (
-        "3 training steps in a row were skipped (faults.max_consecutive_skips=3), up to iteration 7; "
+        "3 training steps in a row were skipped (at most 3), up to iteration 7; "
         "last cause: non-finite loss nan at iteration 7, micro-batch 0; fix the reward or lower the "
         "learning rate, or resume from the last checkpoint with --ckpt_path last"
     )
@@ -157,9 +157,12 @@ def test_end_step_counts_skipped_steps_and_stops_after_max_consecutive() -> None
 
 
 def test_a_fault_only_on_another_rank_is_named_as_such() -> None:
-    book = ledger(max_consecutive_skips=1)
+    book = ledger()
+    other = StepPlan(train=False, kept=True, faulty=True, cause=None)
+    book.end_step(other, 0, None, 0)
+    book.end_step(other, 0, None, 1)
     with pytest.raises(FaultLimitError, match="last cause: a fault on another data-parallel rank;"):
-        book.end_step(StepPlan(train=False, kept=True, faulty=True, cause=None), 0, None, 0)
+        book.end_step(other, 0, None, 2)
 
 
 def test_state_dict_round_trip_and_checkpoints_without_counters() -> None:

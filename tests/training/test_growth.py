@@ -1,5 +1,5 @@
-"""TreeGRPOModule.grow, the first half of a training step: what the step trains on, what TreeView
-draws, and the public advantage hook both go through."""
+"""TreeGRPO.grow, the first half of a training step: what the step trains on and what TreeView draws
+both go through it, and so does an advantage estimator of one's own."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 
 from lit_treegrpo.callbacks import PruningSchedule, TreeView
-from lit_treegrpo.core import RolloutTree, ScoredSamples, TreeSpec
+from lit_treegrpo.core import GrownTree, RolloutTree, ScoredSamples, TreeSpec
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
-from lit_treegrpo.training.growth import GrownTree, TreeGrowth
 from lit_treegrpo.training.module import TreeGRPOModule
+from lit_treegrpo.training.settings import AdvantageSettings
 from tests.training.test_module import fit
 
 SPEC = TreeSpec(3, branch_steps=(0, 1), branching=2)
@@ -25,12 +25,14 @@ class _Spy(L.Callback):
         self.grown: list[tuple[list[str], GrownTree]] = []
         self.samples: list[ScoredSamples | None] = []
 
+        real = model.algorithm.grow
+
         def grow(prompts, generators, **kwargs) -> GrownTree:
-            grown = TreeGrowth.grow(model, prompts, generators, **kwargs)
+            grown = real(prompts, generators, **kwargs)
             self.grown.append((list(prompts), grown))
             return grown
 
-        model.grow = grow  # this instance only
+        model.algorithm.grow = grow  # this instance only
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.samples.append(ScoredSamples.of(outputs))
@@ -70,15 +72,15 @@ def test_tree_view_draws_the_tree_a_training_step_grows_from_the_same_noise(tmp_
     assert torch.equal(samples.rewards, trained.scored.rewards) and samples.images is trained.images
 
 
-class _Flat(TreeGRPOModule):
-    """Every edge's advantage 0.25: an estimator of one's own, through the public hook."""
-
-    def advantages(self, tree: RolloutTree, rewards: Tensor) -> Tensor:
-        return torch.full((tree.num_edges,), 0.25)
+def _flat(tree: RolloutTree, rewards: Tensor) -> Tensor:
+    """Every edge's advantage 0.25: an estimator of one's own."""
+    return torch.full((tree.num_edges,), 0.25)
 
 
-def test_an_advantages_override_is_what_the_step_trains_on_and_tree_view_draws(tmp_path) -> None:
-    model = _Flat(TinySD3Adapter(num_steps=3, guidance_scale=1.0), reward=Brightness(), tree=SPEC)
+def test_an_estimator_of_ones_own_is_what_the_step_trains_on_and_tree_view_draws(tmp_path) -> None:
+    model = TreeGRPOModule(
+        TinySD3Adapter(num_steps=3, guidance_scale=1.0), reward=Brightness(), tree=SPEC, advantage=_flat
+    )
     trainer = _fit_one_step(model, tmp_path)
     (_, trained) = model.spy.grown[0]
     assert torch.equal(trained.advantages, torch.full((6,), 0.25))
@@ -86,5 +88,5 @@ def test_an_advantages_override_is_what_the_step_trains_on_and_tree_view_draws(t
     assert float(trainer.callback_metrics["adv/std"]) == 0.0
     assert torch.equal(TreeView(seed=3).grow(None, model).advantages, torch.full((6,), 0.25))
     # the default estimator gives these rewards other advantages
-    default = TreeGrowth.advantages(model, trained.tree, trained.screened.rewards)
+    default = AdvantageSettings()(trained.tree, trained.screened.rewards)
     assert not torch.equal(default, trained.advantages)

@@ -71,6 +71,6 @@ def test_one_iteration_waits_on_the_device_only_where_stated(tmp_path: Path) -> 
     loops = ("rollout.py:rollout", "rollout.py:recompute", "flow.py", "sd3.py", "base.py:predict", "loss.py")
     in_loops = [f for f in counter.calls if any(n.startswith(loops) for n in f)]
     assert in_loops == [], in_loops  # the denoising steps and the micro-batches' losses
-    assert where["update.py:step_problem"] == 2  # one per optimizer step (minibatches 2)
-    others = sum(n for name, n in where.items() if name != "update.py:step_problem")
+    assert where["algorithm.py:step_problem"] == 2  # one per optimizer step (minibatches 2)
+    others = sum(n for name, n in where.items() if name != "algorithm.py:step_problem")
     assert others <= PER_ITERATION, where

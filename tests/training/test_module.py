@@ -16,8 +16,9 @@ from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.data.prompt_stream import PromptBatch
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness, RewardModel
+from lit_treegrpo.training import checkpoints
 from lit_treegrpo.training.faults import FaultLimitError, FaultPolicy, FaultWarning
-from lit_treegrpo.training.memory_guard import MemoryGuard, RolloutMemoryError, TrainingMemoryError
+from lit_treegrpo.training.memory_guard import MemoryCheck, MemoryGuard, RolloutMemoryError, TrainingMemoryError
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.settings import AdvantageSettings
 from tests.probes import FlakyReward
@@ -30,6 +31,13 @@ def module(**kwargs) -> TreeGRPOModule:
     kwargs.setdefault("reward", Brightness())
     kwargs.setdefault("tree", SPEC)
     return TreeGRPOModule(TinySD3Adapter(num_steps=T, guidance_scale=1.0), **kwargs)
+
+
+def guarded(model: TreeGRPOModule, guard: MemoryGuard = MemoryGuard(), **given) -> TreeGRPOModule:
+    """``model`` with a memory guard told the memory (``available_bytes``) or a cap on the parents
+    per training forward (``max_train_parents``), which no option sets."""
+    model.algorithm.memory = MemoryCheck(guard, **given)
+    return model
 
 
 def fit(model: TreeGRPOModule, steps: int, tmp_path, batch_size: int = 2, **trainer_kwargs) -> L.Trainer:
@@ -127,7 +135,7 @@ def test_pruning_and_kl_paths_train(tmp_path) -> None:
 
 def test_shared_noise_gives_every_root_of_a_prompt_the_same_start() -> None:
     model = module(tree=TreeSpec(T, sde_steps=(0, 1), num_trees=3, shared_noise=True))
-    gens = model._generators(0, 0, 2)
+    gens = model.algorithm.generators(0, 0, 2)
     noise = root_noise(model.adapter.initial_noise, gens, model.tree)
     assert noise.shape[0] == 6
     assert torch.equal(noise[0], noise[1]) and torch.equal(noise[1], noise[2])
@@ -189,7 +197,7 @@ def test_bad_advantage_settings_are_named() -> None:
 
 def test_multi_reward_logs_components(tmp_path) -> None:
     model = module(reward={"brightness": 0.7, "jpeg_compressibility": 0.3})
-    scores = model._score(torch.rand(4, 3, 32, 32), ["a", "a", "b", "b"])
+    scores = model.algorithm.score(torch.rand(4, 3, 32, 32), ["a", "a", "b", "b"])
     assert set(scores[1]) == {"brightness", "jpeg_compressibility"}
     assert scores[0].shape == (4,) and scores[0].dtype == torch.float32
 
@@ -228,7 +236,7 @@ def test_a_non_finite_gradient_is_never_stepped_on(tmp_path) -> None:
 # faults: NaN / inf rewards, failing reward calls, non-finite losses and gradients
 # ---------------------------------------------------------------------------------------------
 
-SKIP = FaultPolicy(nonfinite="skip", max_consecutive_skips=3)
+SKIP = FaultPolicy(nonfinite="skip")
 
 
 class _ParameterLog(L.Callback):
@@ -269,7 +277,7 @@ def test_skip_drops_the_prompt_with_a_nan_reward_and_trains_the_others(tmp_path)
 def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> None:
     # per-prompt normalisation: replacing prompt 0's rewards changes nothing for prompt 1
     model = module(faults=SKIP)
-    gens = model._generators(0, 0, 2)
+    gens = model.algorithm.generators(0, 0, 2)
     cond = model.adapter.encode_prompts(["a red circle", "a blue square"])
     from lit_treegrpo.core import rollout, tree_advantages
 
@@ -284,7 +292,7 @@ def test_a_dropped_prompt_leaves_the_other_prompts_advantages_unchanged() -> Non
     rewards = torch.rand(tree.num_leaves, generator=torch.Generator().manual_seed(0))
     stand_in = torch.where(tree.leaf_prompt == 0, torch.zeros_like(rewards), rewards)
     args = (tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
-    for method in ("mean", "logprob_softmax", "branch_fusion", "parent_relative"):
+    for method in ("mean", "logprob_softmax", "branch_fusion"):
         full = tree_advantages(rewards, *args, method=method, edge_old_log_prob=tree.edge_old_log_prob)
         dropped = tree_advantages(stand_in, *args, method=method, edge_old_log_prob=tree.edge_old_log_prob)
         other = tree.edge_prompt == 1
@@ -321,7 +329,7 @@ def test_skip_stops_after_max_consecutive_skips_naming_the_last_cause(tmp_path) 
         # one prompt per batch: every prompt is NaN, so no step can train
         fit(model, 5, tmp_path, batch_size=1)
     assert str(err.value).startswith(
-        "3 training steps in a row were skipped (faults.max_consecutive_skips=3), up to iteration 2; "
+        "3 training steps in a row were skipped (at most 3), up to iteration 2; "
         "last cause: non-finite rewards for prompts ['a "
     )
     assert model.fault_counts["skipped_steps"] == 3 and model.fault_counts["skipped_groups"] == 3
@@ -412,12 +420,8 @@ def test_fault_counters_are_kept_in_checkpoints(tmp_path) -> None:
 def test_bad_fault_and_memory_options_are_named() -> None:
     with pytest.raises(ValueError, match="faults.nonfinite must be 'error' or 'skip'"):
         FaultPolicy(nonfinite="ignore")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="faults.max_consecutive_skips must be >= 1"):
-        FaultPolicy(max_consecutive_skips=0)
     with pytest.raises(ValueError, match=r"memory_guard.fraction must be in \(0, 1\]"):
         MemoryGuard(fraction=0.0)
-    with pytest.raises(ValueError, match="memory_guard.available_gb must be > 0"):
-        MemoryGuard(available_gb=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +430,7 @@ def test_bad_fault_and_memory_options_are_named() -> None:
 
 
 def test_the_memory_guard_refuses_a_tree_that_cannot_fit_before_the_first_rollout(tmp_path) -> None:
-    model = module(memory_guard=MemoryGuard(available_gb=1e-6))  # 1 kB
+    model = guarded(module(), available_bytes=1000)  # 1 kB
     calls = []
     predict = model.adapter.predict
     model.adapter.predict = lambda *a: calls.append(1) or predict(*a)
@@ -438,14 +442,14 @@ def test_the_memory_guard_refuses_a_tree_that_cannot_fit_before_the_first_rollou
         SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(model.adapter.encode_prompts(["a"]))
     )
     assert message.startswith(f"memory guard: one rollout needs about {estimate.describe()} for 2 prompts x 4 leaves")
-    assert "on this rank, but 1 kB is available (--model.memory_guard.available_gb; x 0.9 = 900 B)" in message
+    assert "on this rank, but 1 kB is available (as given; x 0.9 = 900 B)" in message
     assert "lower --data.batch_size, --model.rollout.max_batch" in message
     assert "--model.memory_guard.enabled false" in message
     assert calls == [] and model.iteration == 0  # no rollout ran
 
 
 def test_the_memory_guard_can_be_disabled(tmp_path) -> None:
-    model = module(memory_guard=MemoryGuard(enabled=False, available_gb=1e-6))
+    model = guarded(module(memory_guard=MemoryGuard(enabled=False)), MemoryGuard(enabled=False), available_bytes=1000)
     fit(model, 1, tmp_path)
     assert model.iteration == 1
 
@@ -453,7 +457,7 @@ def test_the_memory_guard_can_be_disabled(tmp_path) -> None:
 def test_the_memory_guard_measures_this_machine(tmp_path) -> None:
     model = module()
     fit(model, 1, tmp_path)  # the tiny tree fits in any machine's memory
-    available, where = model.rollout_guard.available(model.adapter.device, 1)
+    available, where = model.algorithm.memory.available(model.adapter.device, 1)
     assert available is not None and available > 0 and where.startswith("MemAvailable / 1 process")
 
 
@@ -499,11 +503,8 @@ def test_a_micro_batch_split_by_the_training_guard_gives_the_same_update(tmp_pat
     results = {}
     for cap in (None, 4, 1):
         grads: list = []
-        model = module(
-            memory_guard=MemoryGuard(max_train_parents=cap),
-            optimizer=lambda p: _RecordingSGD(p, grads),  # noqa: B023 (called by this iteration's fit)
-            **settings,
-        )
+        model = module(optimizer=lambda p: _RecordingSGD(p, grads), **settings)  # noqa: B023 (called by this fit)
+        guarded(model, max_train_parents=cap)
         calls = _count_forwards(model)
         trainer = fit(model, 1, tmp_path)
         trained = [rows for rows, grad in calls[1:] if grad]  # calls[0]: the guard's probe of one parent
@@ -536,7 +537,7 @@ def test_the_training_guard_changes_nothing_while_every_micro_batch_fits(tmp_pat
         calls = _count_forwards(model)
         fit(model, 2, tmp_path)
         runs.append(([c for c in calls if c[1]], [p.detach().clone() for p in model.adapter.trainable_parameters()]))
-        assert model.training_guard.chunks([3]) == [1]
+        assert model.algorithm.memory.chunks([3]) == [1]
     (guarded, params), (unguarded, params_off) = runs
     assert guarded == [(1, True)] + unguarded  # the probe's one parent, then the same forwards
     assert all(torch.equal(a, b) for a, b in zip(params, params_off))
@@ -544,27 +545,26 @@ def test_the_training_guard_changes_nothing_while_every_micro_batch_fits(tmp_pat
 
 def _training_estimate(tmp_path) -> tuple[int, int]:
     """(bytes of a training forward of one parent, of two) on this run, as the guard estimates them."""
-    model = module(memory_guard=MemoryGuard(available_gb=1.0))
+    model = guarded(module(), available_bytes=10**9)
     fit(model, 1, tmp_path)
-    return model.training_guard.memory.total(1), model.training_guard.memory.total(2)
+    return model.algorithm.memory.memory.total(1), model.algorithm.memory.memory.total(2)
 
 
 def test_a_micro_batch_over_the_estimate_is_split_and_announced(tmp_path, caplog) -> None:
     import logging
 
     _, two = _training_estimate(tmp_path)
-    model = module(memory_guard=MemoryGuard(available_gb=(two + 1000) / 0.9 / 1e9))  # two parents fit, not three
+    model = guarded(module(), available_bytes=int((two + 1000) / 0.9))  # two parents fit, not three
     calls = _count_forwards(model)
     with caplog.at_level(logging.INFO):
         fit(model, 1, tmp_path)
-    assert model.training_guard.cap == 2 and model.iteration == 1
+    assert model.algorithm.memory.cap == 2 and model.iteration == 1
     assert [rows for rows, grad in calls[1:] if grad] == [2, 2, 2]
     announced = [r.getMessage() for r in caplog.records if "training micro-batch" in r.getMessage()]
     assert len(announced) == 1, announced
     assert announced[0].startswith("memory guard: a training micro-batch of 6 parents needs about ")
     assert announced[0].endswith(
-        "runs as 3 forwards of at most 2 parent(s), gradients accumulated (the same update up to float rounding); "
-        "--model.memory_guard.max_train_parents sets the most parents per forward"
+        "runs as 3 forwards of at most 2 parent(s), gradients accumulated (the same update up to float rounding)"
     )
 
 
@@ -582,7 +582,7 @@ def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_ro
         SPEC, 2, (4, 16, 16), torch.float32, cond_bytes=cond_row_bytes(module().adapter.encode_prompts(["a"]))
     ).total
     assert rollout_needs < one - 1000  # a budget between the two: the rollout fits, the training does not
-    model = module(memory_guard=MemoryGuard(available_gb=(one - 1000) / 0.9 / 1e9))
+    model = guarded(module(), available_bytes=int((one - 1000) / 0.9))
     calls = _count_forwards(model)
     with pytest.raises(TrainingMemoryError) as err:
         if data == "datamodule":
@@ -599,7 +599,7 @@ def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_ro
             ).fit(model, train_dataloaders=_OneBatch())
     message = str(err.value)
     assert message.startswith("memory guard: the training pass cannot fit even one parent per forward: it needs about ")
-    assert "(--model.memory_guard.available_gb; x 0.9 = " in message
+    assert "(as given; x 0.9 = " in message
     assert "turn on --model.adapter.init_args.gradient_checkpointing (about " in message  # it would help here
     assert "train LoRA" not in message  # the tiny adapter trains LoRA already
     assert "lower --data.batch_size, the branching or num_trees" in message
@@ -610,7 +610,7 @@ def test_the_training_guard_refuses_a_parent_that_cannot_fit_before_the_first_ro
 def test_a_checkpoint_from_before_ode_tail_resumes_with_the_default() -> None:
     # a fingerprint without the later TreeSpec fields reads them at their defaults
     model = module()
-    saved = model._fingerprint()
+    saved = checkpoints.run_fingerprint(model)
     del saved["tree"]["ode_tail"]
     state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     model.on_load_checkpoint({"lit_treegrpo": {"iteration": 3, "fingerprint": saved}, "state_dict": state})
@@ -732,7 +732,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
     with _earlier_lora():
         full = made.model()
     resumed = made.model()
-    resumed.rollout_limits = RolloutLimits(max_batch=3, max_leaves=8)  # 2 prompts x 4 leaves: chunks of 3
+    resumed.algorithm.rollout_limits = RolloutLimits(max_batch=3)  # 2 prompts x 4 leaves: chunks of 3
     made.trainer(tmp_path / "full", 4, enable_checkpointing=False).fit(full, made.data())
     made.trainer(tmp_path / "resumed", 4, enable_checkpointing=False).fit(resumed, made.data(), ckpt_path=committed)
     assert resumed.iteration == full.iteration == 4
@@ -741,7 +741,7 @@ def test_a_resume_with_a_smaller_max_batch_is_accepted_and_continues(tmp_path) -
     for a, b in zip(resumed.adapter.trainable_parameters(), _trained_now(full)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     shape_changed = made.model()
-    shape_changed.tree = replace(shape_changed.tree, branching=3)  # still refused
+    shape_changed.algorithm.tree = replace(shape_changed.tree, branching=3)  # still refused
     with pytest.raises(
         ValueError, match=r"^--model.tree.branching: the checkpoint \S+ was trained with 2, this run has 3"
     ):
@@ -763,34 +763,31 @@ def test_pruning_that_keeps_no_edge_is_warned_once(tmp_path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.adapter.trainable_parameters()))
 
 
-def test_the_pruning_schedule_callback_is_the_one_owner_of_the_pruning(tmp_path) -> None:
+def test_the_pruning_schedule_callback_sets_the_pruning_in_force(tmp_path) -> None:
     from lit_treegrpo.callbacks import PruningSchedule
 
+    def recording(model: TreeGRPOModule) -> list[PruningConfig]:
+        seen: list[PruningConfig] = []
+        grow = model.algorithm.grow
+        model.algorithm.grow = lambda *a, **k: seen.append(k["pruning"]) or grow(*a, **k)  # type: ignore[method-assign]
+        return seen
+
     model = module()
-    seen: list[PruningConfig] = []
-    real = model.pruning_at
-    model.pruning_at = lambda spec: seen.append(real(spec)) or seen[-1]  # type: ignore[method-assign]
+    seen = recording(model)
     schedule = PruningSchedule(depth_window=1, depth_every=1, depth_stop=1)
     fit(model, 3, tmp_path, max_epochs=1, limit_train_batches=3, callbacks=[schedule])
     assert [p.depth_window for p in seen] == [(0, 1), (1, 2), (1, 2)]  # the schedule's, per iteration
-    assert not hasattr(model, "pruning") and not hasattr(model, "pruning_schedule")  # nothing held or injected
+    assert model.pruning.depth_window == (1, 2)  # in force for the next iteration
     # without the callback every edge trains
     unpruned = module()
-    asked = unpruned.pruning_at
-    unpruned.pruning_at = lambda spec: seen.append(asked(spec)) or seen[-1]  # type: ignore[method-assign]
-    seen.clear()
+    seen = recording(unpruned)
     fit(unpruned, 1, tmp_path / "none", max_epochs=1, limit_train_batches=1)
     assert seen == [PruningConfig()]
-
-    # two owners are refused (two PruningSchedules: by Lightning and, from the CLI, in one line first)
-    class Mine(L.Callback):
-        def pruning_at(self, iteration: int, stochastic_steps, run_seed: int) -> PruningConfig:
-            return PruningConfig(width="ratio")
-
-    with pytest.raises(ValueError, match=r"^the pruning has 2 owners \(PruningSchedule, Mine\); configure one"):
-        fit(module(), 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule(), Mine()])
+    # two schedules are refused (by Lightning and, from the CLI, in one line first)
+    with pytest.raises(Exception, match="PruningSchedule"):
+        fit(module(), 1, tmp_path / "both", max_epochs=1, limit_train_batches=1, callbacks=[PruningSchedule()] * 2)
     with pytest.raises(TypeError, match="pruning"):
-        module(pruning=PruningConfig(width="ratio"))  # not an option of the module any more
+        module(pruning=PruningConfig(width="ratio"))  # not an option of the module
 
 
 class _Metrics(L.Callback):

@@ -9,6 +9,7 @@ import torch
 from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
+from lit_treegrpo.training import prompt_cache
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.prompt_cache import PromptCache, PromptCacheSettings, text_encoders
 from tests.training.test_module import fit
@@ -33,10 +34,11 @@ def adapter():
     return TinySD3Adapter(num_steps=2)  # with CFG: the negative prompt's rows are cached too
 
 
-def test_each_distinct_prompt_is_encoded_once_and_the_rows_are_the_encoders(adapter) -> None:
+def test_each_distinct_prompt_is_encoded_once_and_the_rows_are_the_encoders(adapter, monkeypatch) -> None:
+    monkeypatch.setattr(prompt_cache, "ENCODE_BATCH", 1)  # every call as many prompts as it asks for
     counting = Counting(adapter)
     try:
-        cache = PromptCache(PromptCacheSettings(size=8, encode_batch=1))
+        cache = PromptCache(PromptCacheSettings(size=8))
         first = cache.encode(adapter, [PROMPTS[0], PROMPTS[1], PROMPTS[0]])
         again = cache.encode(adapter, [PROMPTS[1], PROMPTS[2], PROMPTS[0]])
         assert counting.encoded == [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # duplicates and repeats: none
@@ -52,10 +54,11 @@ def test_each_distinct_prompt_is_encoded_once_and_the_rows_are_the_encoders(adap
         adapter.encode_prompts = counting.encode_prompts
 
 
-def test_the_cache_is_bounded_and_keyed_by_what_changes_an_embedding(adapter) -> None:
+def test_the_cache_is_bounded_and_keyed_by_what_changes_an_embedding(adapter, monkeypatch) -> None:
+    monkeypatch.setattr(prompt_cache, "ENCODE_BATCH", 1)
     counting = Counting(adapter)
     try:
-        cache = PromptCache(PromptCacheSettings(size=2, on_cpu=True, encode_batch=1))
+        cache = PromptCache(PromptCacheSettings(size=2))
         cache.encode(adapter, PROMPTS[:2])
         cache.encode(adapter, PROMPTS[2:])  # the least recently used (PROMPTS[0]) goes
         assert len(cache) == 2
@@ -88,12 +91,13 @@ def test_pre_encoding_then_offloading_the_text_encoders(adapter) -> None:
             module.to(adapter.device)
 
 
-def test_every_encoder_call_takes_encode_batch_prompts(adapter) -> None:
+def test_every_encoder_call_takes_encode_batch_prompts(adapter, monkeypatch) -> None:
     # a prompt's row is the same whichever prompts it is encoded with, with the cache or without
+    monkeypatch.setattr(prompt_cache, "ENCODE_BATCH", 4)
     counting = Counting(adapter)
     try:
-        alone = PromptCache(PromptCacheSettings(encode_batch=4)).encode(adapter, PROMPTS[:1])
-        together = PromptCache(PromptCacheSettings(encode_batch=4)).encode(adapter, [*PROMPTS, *PROMPTS[:2]])
+        alone = PromptCache(PromptCacheSettings()).encode(adapter, PROMPTS[:1])
+        together = PromptCache(PromptCacheSettings()).encode(adapter, [*PROMPTS, *PROMPTS[:2]])
         assert [len(counting.encoded[i : i + 4]) for i in range(0, len(counting.encoded), 4)] == [4, 4, 4]
         assert counting.encoded[:4] == [PROMPTS[0]] * 4  # padded with its last prompt
         for name in alone:
@@ -104,7 +108,6 @@ def test_every_encoder_call_takes_encode_batch_prompts(adapter) -> None:
 
 def test_settings_are_checked() -> None:
     for kwargs, message in [
-        (dict(encode_batch=0), "encode_batch must be >= 1"),
         (dict(size=-1), "prompt_cache.size must be >= 0"),
         (dict(pre_encode=True), "pre_encode needs a cache"),
         (dict(size=4, offload_encoders=True), "offload_encoders needs prompt_cache.pre_encode"),
@@ -130,4 +133,6 @@ def test_pre_encoding_data_without_prompts_is_refused(adapter) -> None:
 
     cache = PromptCache(PromptCacheSettings(size=4, pre_encode=True))
     with pytest.raises(ValueError, match="the datamodule has no prompts to encode"):
-        cache.pre_encode_data(adapter, SimpleNamespace(train_set=None, val_set=SimpleNamespace(prompts=[])))
+        cache.pre_encode_data(
+            adapter, SimpleNamespace(train_set=SimpleNamespace(prompts=[]), val_set=SimpleNamespace(prompts=[]))
+        )

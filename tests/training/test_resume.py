@@ -335,7 +335,7 @@ def _with_never_trained(groups: int = 1) -> dict:
 
 
 def test_a_tensor_that_could_never_be_trained_is_dropped_with_its_optimizer_state() -> None:
-    from lit_treegrpo.training.checkpoint_state import drop_never_trained
+    from lit_treegrpo.training.checkpoints import drop_never_trained
 
     checkpoint = _with_never_trained()
     assert drop_never_trained(checkpoint, lambda name: name == "b", ["a", "c"]) == ["b"]
@@ -350,7 +350,7 @@ def test_a_tensor_that_could_never_be_trained_is_dropped_with_its_optimizer_stat
 
 
 def test_nothing_is_dropped_when_it_is_not_never_trained_or_its_slot_cannot_be_told() -> None:
-    from lit_treegrpo.training.checkpoint_state import drop_never_trained
+    from lit_treegrpo.training.checkpoints import drop_never_trained
 
     for checkpoint, never in (
         (_with_never_trained(), lambda name: False),
