@@ -1,6 +1,6 @@
 """Lightning callbacks of lit_treegrpo, installed as ``lit_treegrpo.callbacks``.
 
-May import: :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.runs` (the export), :mod:`lit_treegrpo.common`
+May import: :mod:`lit_treegrpo.core`, :mod:`lit_treegrpo.artifacts` (the export), :mod:`lit_treegrpo.common`
 (the prompt checks), torch and Lightning;
 never the module (the callbacks reach it through the ``pl_module`` Lightning hands them) or the
 command line, which installs them.

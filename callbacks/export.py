@@ -1,4 +1,4 @@
-"""The export of ``python -m lit_treegrpo export`` at the end of a fit (:mod:`lit_treegrpo.runs.export`)."""
+"""The export of ``python -m lit_treegrpo export`` at the end of a fit (:mod:`lit_treegrpo.artifacts.export`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lit_treegrpo.runs.export import check_out, export
+from lit_treegrpo.artifacts.export import check_out, export
 
 from .ema import EMA
 from .pruning import PruningSchedule

@@ -8,7 +8,7 @@ One folder per concern, each ``__init__`` saying what lives there and what it ma
   models behind one reward interface, and their registry; :mod:`.shapes`: the Shapes world.
 - The Lightning layer: :mod:`.training` (the module and its policies), :mod:`.data` (prompts),
   ``lit_treegrpo.callbacks`` (the callbacks, from the repository's top-level ``callbacks/``),
-  :mod:`.runs` (run folders, checkpoints, export) and :mod:`.cli` (the command line).
+  :mod:`.artifacts` (run folders, checkpoints, export) and :mod:`.cli` (the command line).
 - :mod:`.common`: error messages and hub look-ups that every layer uses.
 
 Importing the package is cheap: it imports none of them. It installs one logging filter, so that

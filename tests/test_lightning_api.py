@@ -1,7 +1,7 @@
 """The private Lightning API this project overrides or reads, pinned here. The members the package
 reads are named once, in lit_treegrpo/common/lightning_private.py (each function there names its
 test below); the LightningCLI overrides live in cli/app.py and the TensorBoard logger's in
-runs/run_folder.py, where a subclass needs them.
+artifacts/run_folder.py, where a subclass needs them.
 
 Lightning does not promise these across releases (pyproject caps ``lightning`` at the newest minor
 version tested). Each test pins one of them: it exists in the installed Lightning with the
@@ -60,7 +60,7 @@ def test_lightning_cli_reads_the_subcommand_parsers_that_our_add_subcommands_fil
     assert set(LightningCLI.subcommands()) == {"fit", "validate", "test", "predict"}
 
 
-# ------------------------------------------------------------------------ checkpoints (runs/checkpoint.py)
+# ------------------------------------------------------------------------ checkpoints (artifacts/checkpoint.py)
 def test_the_fsdp_strategy_still_unpickles_through_the_lazy_load_our_guard_replaces() -> None:
     # guard_strategy_load swaps fsdp._lazy_load for a weights_only read; it skips the swap when the
     # name is gone, so its disappearance would silently restore an unrestricted unpickler

@@ -18,17 +18,17 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   any model loads (:func:`lit_treegrpo.cli.checks.check_config`). A run stopped by a numerical
   fault (a NaN reward, loss or gradient; too many consecutive skips) also ends in one line, with
   status 1.
-- Checkpoints are written atomically (:class:`~lit_treegrpo.runs.checkpoint.AtomicCheckpointIO`), and a
+- Checkpoints are written atomically (:class:`~lit_treegrpo.artifacts.checkpoint.AtomicCheckpointIO`), and a
   truncated or corrupt ``--ckpt_path`` is reported before any model loads.
 - ``--ckpt_path`` is read once, with torch's safe unpickler, before any model loads
-  (:func:`~lit_treegrpo.runs.checkpoint.read_checkpoint`); what was read is handed to Lightning's restore,
+  (:func:`~lit_treegrpo.artifacts.checkpoint.read_checkpoint`); what was read is handed to Lightning's restore,
   the EMA choice and export, so a file swapped on disk afterwards is never read. Every other
   checkpoint load is ``weights_only=True`` too (``--weights_only false`` is refused).
 - SIGTERM or a first Ctrl-C stops a fit after the training step in flight and writes
   ``last.ckpt`` (:class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt`); the process then exits
   with status 0. ``validate`` / ``test`` / ``predict`` never write a checkpoint: interrupted, they
   stop after the batch in flight and exit with status 143 (SIGTERM) or 1 (Ctrl-C).
-- A fit never destroys an earlier one (:mod:`lit_treegrpo.runs.run_folder`): a folder that holds a run
+- A fit never destroys an earlier one (:mod:`lit_treegrpo.artifacts.run_folder`): a folder that holds a run
   is resumed (``--ckpt_path last``) or explicitly started over (``--overwrite true``), a second live
   fit in the same folder is refused, and each fit's config is saved beside, never over, the
   earlier ones, and handed to every logger (:mod:`lit_treegrpo.cli.config_record`); other commands
@@ -43,7 +43,7 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
   ``MisconfigurationException``; a model not in the hub cache while offline) ends in one line and
   status 2 (:mod:`lit_treegrpo.cli.user_errors`). Anything else is a bug and keeps its traceback.
 - ``export`` writes a checkpoint's trained weights in the family's diffusers format with a card
-  (:mod:`lit_treegrpo.runs.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
+  (:mod:`lit_treegrpo.artifacts.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
   weights when its run had an EMA (``--raw_weights true``: the training weights).
 - Output and length (:mod:`lit_treegrpo.cli.run_output`): progress lines instead of the bar when stdout
   is not a terminal, a quiet start-up, ``--max_iterations`` in training iterations.
@@ -68,9 +68,9 @@ from ..common.config_yaml import use_checked_yaml
 from ..common.env import env_flag
 from ..common.errors import explain_os_error
 from ..data.datamodule import PromptDataModule
-from ..runs.checkpoint import AtomicCheckpointIO, guard_strategy_load, intact_checkpoints, read_checkpoint
-from ..runs.export import check_out
-from ..runs.run_folder import (
+from ..artifacts.checkpoint import AtomicCheckpointIO, guard_strategy_load, intact_checkpoints, read_checkpoint
+from ..artifacts.export import check_out
+from ..artifacts.run_folder import (
     RunFolderError,
     RunLock,
     RunTensorBoardLogger,
@@ -149,7 +149,7 @@ class TreeGRPOCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """Lightning's four, and ``export`` (:mod:`lit_treegrpo.runs.export`)."""
+        """Lightning's four, and ``export`` (:mod:`lit_treegrpo.artifacts.export`)."""
         return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:

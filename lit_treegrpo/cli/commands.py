@@ -1,5 +1,5 @@
 """What the commands add to Lightning's: ``export``'s options (:class:`ExportCommand`, whose signature the CLI builds
-them from) and the command itself (:func:`export_checkpoint`; :mod:`lit_treegrpo.runs.export` writes the files), the
+them from) and the command itself (:func:`export_checkpoint`; :mod:`lit_treegrpo.artifacts.export` writes the files), the
 options of the others (:func:`add_command_options`: ``fit --overwrite``, ``--raw_weights``), and which weights
 ``validate`` / ``test`` / ``predict`` evaluate (:func:`choose_weights`: a checkpoint's EMA weights when its run had
 an EMA, as fit validated)."""
@@ -13,7 +13,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks import EMA
-from ..runs.export import ema_state, export, logged_rewards, pruning_options, restore
+from ..artifacts.export import ema_state, export, logged_rewards, pruning_options, restore
 from .user_errors import UserError
 
 

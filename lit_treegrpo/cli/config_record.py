@@ -1,6 +1,6 @@
 """Every logger keeps the fit's configuration, not only TensorBoard's folder.
 
-:class:`~lit_treegrpo.runs.run_folder.RunConfigRecord` writes the record (``config.yaml``, then
+:class:`~lit_treegrpo.artifacts.run_folder.RunConfigRecord` writes the record (``config.yaml``, then
 ``config-2.yaml`` ... for resumed fits) once the first training step has completed. Lightning puts it
 in the first logger's folder, and a logger without a local folder (MLflow with a database or server
 store) gets none. :class:`LoggedConfigRecord` adds:
@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from ..runs.run_folder import RunConfigRecord, RunTensorBoardLogger
+from ..artifacts.run_folder import RunConfigRecord, RunTensorBoardLogger
 
 
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -91,7 +91,7 @@ def quiet_known_warnings() -> None:
     in the policy), and the prompt stream is a pure function of the step, with nothing for loader
     workers to do. The third is Lightning's own use of a torch API it has not caught up with. The
     fourth, that ``checkpoints/`` is not empty, is what a resume finds by design; a fit that would
-    write over another run is refused before that (:mod:`lit_treegrpo.runs.run_folder`)."""
+    write over another run is refused before that (:mod:`lit_treegrpo.artifacts.run_folder`)."""
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")

@@ -1,5 +1,7 @@
-"""Every private Lightning member the package uses, named once, with the reason; each is pinned by a test of
-tests/test_lightning_api.py (named beside it), so that a Lightning upgrade that moves one fails there."""
+"""Every private Lightning member the package reads or calls, named once, with the reason; each is pinned by a test
+of tests/test_lightning_api.py (named beside it), so that a Lightning upgrade that moves one fails there. (The
+private methods a subclass must override, LightningCLI's and the TensorBoard logger's, stay in those subclasses,
+pinned by the same file.)"""
 
 from __future__ import annotations
 

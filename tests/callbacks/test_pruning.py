@@ -170,7 +170,7 @@ def test_a_checkpoint_from_before_the_steps_option_resumes_silently() -> None:
 def test_the_export_card_reads_the_runs_pruning_from_its_checkpoint() -> None:
     from dataclasses import asdict
 
-    from lit_treegrpo.runs.export import pruning_options
+    from lit_treegrpo.artifacts.export import pruning_options
 
     schedule = PruningSchedule(width="parent_top1", depth_window=2, steps=[1, 2])
     checkpoint = {"callbacks": {"EMA": {"shadows": []}, schedule.state_key: schedule.state_dict()}}

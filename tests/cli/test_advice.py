@@ -1,6 +1,6 @@
 """Rule 6 (docs/failure_modes.md): advice names only what it has checked, and the option that fixes
 the problem for the command that was run (a corrupt checkpoint's neighbours: tests/cli/test_cli.py
-and tests/runs/test_checkpoint.py)."""
+and tests/artifacts/test_checkpoint.py)."""
 
 from __future__ import annotations
 

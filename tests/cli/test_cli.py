@@ -385,7 +385,7 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line_before_any_model_loads(
         path = tmp_path / "notes.ckpt"
         path.write_text("step 100: reward 0.41\n")
         given, option = str(path), "--ckpt_path"
-    from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
+    from tests.artifacts.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
 
     # planted beside it, a hostile file named like a checkpoint: advice never points at it
     hostile = hostile_checkpoint(path.parent / "epoch=0-step=9.ckpt", tmp_path / "marker", ShellMarker)
@@ -425,7 +425,7 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], str]:
             f"--ckpt_path: {tmp_path / 'old'} is a folder; give a checkpoint file such as {good}, or last"
         )
     if kind == "folder of hostile files":
-        from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
+        from tests.artifacts.test_safe_reads import ShellMarker, hostile_checkpoint  # (it imports this module)
 
         (tmp_path / "old").mkdir()
         hostile_checkpoint(tmp_path / "old" / "last.ckpt", tmp_path / "marker", ShellMarker)

@@ -69,7 +69,7 @@ def test_the_package_reads_no_environment_flag_but_through_env_flag() -> None:
     """``os.environ.get(NAME)`` used as a truth value is the trap this rule closes (``=0`` was on):
     the package reads the environment only through env_flag, or for values that are not flags
     (process ranks, which launch_rank parses as numbers)."""
-    allowed = {"lit_treegrpo/common/env.py", "lit_treegrpo/runs/run_folder.py"}
+    allowed = {"lit_treegrpo/common/env.py", "lit_treegrpo/artifacts/run_folder.py"}
     found = []
     for path in sorted((REPO / "lit_treegrpo").rglob("*.py")) + sorted((REPO / "callbacks").rglob("*.py")):
         relative = str(path.relative_to(REPO))

@@ -155,7 +155,7 @@ def test_lora_trained_two_steps_reproduces_in_a_fresh_wan22_pipeline(kind: str, 
 
 
 def test_a_merged_export_writes_every_trained_expert(tmp_path: Path) -> None:
-    from lit_treegrpo.runs.export import how_to_load, write_weights
+    from lit_treegrpo.artifacts.export import how_to_load, write_weights
 
     adapter = TinyWan22Adapter(kind="a14b", **tiny_options("a14b"))
     train_steps(adapter, steps=1, lr=200.0)

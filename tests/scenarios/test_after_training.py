@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.runs.run_folder import event_folder
+from lit_treegrpo.artifacts.run_folder import event_folder
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
@@ -139,7 +139,7 @@ def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:
 def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp_path: Path) -> None:
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.models.tiny import tiny_sd3_pipeline
-    from lit_treegrpo.runs.export import ema_state, restore, swapped_in
+    from lit_treegrpo.artifacts.export import ema_state, restore, swapped_in
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
     _main("export", *base, "--out", str(tmp_path / "lora"), "--ema", "true")
@@ -189,7 +189,7 @@ def test_each_cards_snippet_loads_the_export_into_a_plain_pipeline_that_draws_th
 ) -> None:
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.core import TreeSpec, rollout
-    from lit_treegrpo.runs.export import restore
+    from lit_treegrpo.artifacts.export import restore
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
     _main("export", *base, "--out", str(tmp_path / "lora"))
@@ -342,7 +342,7 @@ def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> 
 
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
-    from lit_treegrpo.runs.export import restore
+    from lit_treegrpo.artifacts.export import restore
 
     base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]
     _main("fit", *base, "--max_iterations", "1", "--data.batch_size", "1", "--trainer.limit_val_batches", "0",

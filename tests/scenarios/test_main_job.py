@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_treegrpo.runs.run_folder import event_folder
+from lit_treegrpo.artifacts.run_folder import event_folder
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]

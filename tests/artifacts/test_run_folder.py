@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.runs import run_folder
-from lit_treegrpo.runs.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
+from lit_treegrpo.artifacts import run_folder
+from lit_treegrpo.artifacts.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
 from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -344,7 +344,7 @@ class _LastWrites:
     checkpoint IO."""
 
     def __init__(self, monkeypatch) -> None:
-        from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO
+        from lit_treegrpo.artifacts.checkpoint import AtomicCheckpointIO
 
         self.writes: list[tuple[int, int]] = []
         save = AtomicCheckpointIO.save_checkpoint
@@ -489,7 +489,7 @@ def test_the_run_name_says_what_trains() -> None:
     from lit_treegrpo.core import TreeSpec
     from lit_treegrpo.models.shapes import ShapesAdapter
     from lit_treegrpo.rewards import Brightness
-    from lit_treegrpo.runs.run_folder import run_name
+    from lit_treegrpo.artifacts.run_folder import run_name
     from lit_treegrpo.training.settings import AdvantageSettings
 
     def module(tree: TreeSpec, method: str = "mean") -> SimpleNamespace:
@@ -505,7 +505,7 @@ def test_the_run_name_says_what_trains() -> None:
 
 
 def test_events_go_under_the_run_name_unless_an_older_run_wrote_beside_the_records(tmp_path: Path) -> None:
-    from lit_treegrpo.runs.run_folder import RunTensorBoardLogger, event_folder
+    from lit_treegrpo.artifacts.run_folder import RunTensorBoardLogger, event_folder
 
     def log_once(root: Path) -> None:
         logger = RunTensorBoardLogger(save_dir=str(root), name="tensorboard", version="", run_name="m_tree-k2_mean_r")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from lit_treegrpo.runs.checkpoint import (
+from lit_treegrpo.artifacts.checkpoint import (
     AtomicCheckpointIO,
     CorruptCheckpointError,
     guard_strategy_load,
@@ -79,7 +79,7 @@ def test_a_hostile_checkpoint_is_refused_naming_the_global_and_runs_nothing(
 def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_wording(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from lit_treegrpo.runs.checkpoint import refused_globals
+    from lit_treegrpo.artifacts.checkpoint import refused_globals
 
     marker = tmp_path / "marker"
     path = hostile_checkpoint(tmp_path / "hostile.ckpt", marker)
@@ -98,7 +98,7 @@ def test_before_torch_2_5_the_refused_global_is_read_from_the_refusal_in_either_
 
 
 def test_torchs_advice_to_load_unsafely_never_reaches_the_message() -> None:
-    from lit_treegrpo.runs.checkpoint import _without_advice
+    from lit_treegrpo.artifacts.checkpoint import _without_advice
 
     err = RuntimeError(
         "Cannot use ``weights_only=True`` with TorchScript archives passed to ``torch.load``. In PyTorch "

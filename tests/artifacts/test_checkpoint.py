@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
-from tests.runs.test_safe_reads import ShellMarker, hostile_checkpoint
+from lit_treegrpo.artifacts.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, atomic_save, check_checkpoint
+from tests.artifacts.test_safe_reads import ShellMarker, hostile_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_a_full_disk_reported_by_torchs_zip_writer_is_one_oserror(tmp_path: Path
 _KILLED_WRITER = """
 import io, sys, time, torch
 from pathlib import Path
-from lit_treegrpo.runs.checkpoint import AtomicCheckpointIO
+from lit_treegrpo.artifacts.checkpoint import AtomicCheckpointIO
 path, marker = Path(sys.argv[1]), Path(sys.argv[2])
 plugin = AtomicCheckpointIO()
 plugin.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, path)

@@ -64,7 +64,7 @@ else:
 
 def _exported(family: str, folder: Path, *, merged: bool) -> Any:
     """An export of a model of ``family`` whose LoRA moved away from its zero start; returns the module."""
-    from lit_treegrpo.runs.export import export
+    from lit_treegrpo.artifacts.export import export
     from lit_treegrpo.training.module import TreeGRPOModule
 
     adapter = FAMILIES[family]()
@@ -91,7 +91,7 @@ def _run_card(folder: Path, result: Path) -> None:
 
 
 def _check_card(family: str, tmp_path: Path, merged: bool) -> None:
-    from lit_treegrpo.runs.export import _merged
+    from lit_treegrpo.artifacts.export import _merged
     from lit_treegrpo.shapes.pretrain import sample
 
     folder = tmp_path / ("merged" if merged else "lora")
@@ -174,7 +174,7 @@ def test_the_docs_show_the_main_jobs_card_as_export_writes_it(tmp_path: Path) ->
     import re
 
     from lit_treegrpo.models.shapes import ShapesAdapter
-    from lit_treegrpo.runs.export import how_to_load
+    from lit_treegrpo.artifacts.export import how_to_load
 
     page = (REPO / "docs" / "after_training.md").read_text()
     (shown,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "ShapesAdapter" in b]

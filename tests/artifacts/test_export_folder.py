@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_treegrpo.runs.export import CARD_FILE, ExportError, _move_into_place, check_out
+from lit_treegrpo.artifacts.export import CARD_FILE, ExportError, _move_into_place, check_out
 
 
 def _earlier(out: Path, files: list[str]) -> None:

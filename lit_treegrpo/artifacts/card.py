@@ -3,7 +3,7 @@ apply to (:func:`base_model`), how they were trained (:func:`method`, the loss's
 option names), and a Python snippet that loads them (:func:`how_to_load`), complete as written: it
 names its folder, then loads the export into the family's plain diffusers pipeline, or, for the
 Shapes model (pixels, no VAE, no diffusers pipeline), into the project's ``ShapesAdapter``, whose
-deterministic sampler draws the images. ``tests/runs/test_export_cards.py`` runs every family's
+deterministic sampler draws the images. ``tests/artifacts/test_export_cards.py`` runs every family's
 snippet in a fresh process."""
 
 from __future__ import annotations
