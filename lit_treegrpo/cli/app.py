@@ -63,11 +63,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
-from ..common.config_yaml import use_checked_yaml
-from ..common.env import env_flag
-from ..common.errors import explain_os_error
-from ..data.datamodule import PromptDataModule
 from ..artifacts.checkpoint import AtomicCheckpointIO, guard_strategy_load, intact_checkpoints, read_checkpoint
 from ..artifacts.export import check_out
 from ..artifacts.run_folder import (
@@ -79,6 +74,11 @@ from ..artifacts.run_folder import (
     launch_rank,
     run_name,
 )
+from ..callbacks import CheckpointOnInterrupt, KeepLastCheckpoint
+from ..common.config_yaml import use_checked_yaml
+from ..common.env import env_flag
+from ..common.errors import explain_os_error
+from ..data.datamodule import PromptDataModule
 from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
 from .commands import ExportCommand, add_command_options, choose_weights, export_checkpoint, say_which_weights

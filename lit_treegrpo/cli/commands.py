@@ -12,8 +12,8 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..callbacks import EMA
 from ..artifacts.export import ema_state, export, logged_rewards, pruning_options, restore
+from ..callbacks import EMA
 from .user_errors import UserError
 
 

@@ -173,8 +173,8 @@ def test_the_card_names_the_losss_options_and_the_export_prints_no_empty_float32
 def test_the_docs_show_the_main_jobs_card_as_export_writes_it(tmp_path: Path) -> None:
     import re
 
-    from lit_treegrpo.models.shapes import ShapesAdapter
     from lit_treegrpo.artifacts.export import how_to_load
+    from lit_treegrpo.models.shapes import ShapesAdapter
 
     page = (REPO / "docs" / "after_training.md").read_text()
     (shown,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "ShapesAdapter" in b]

@@ -486,10 +486,10 @@ def test_ddp_saves_the_last_steps_and_resumes_a_moved_folder_into_its_own_last_c
 def test_the_run_name_says_what_trains() -> None:
     from types import SimpleNamespace
 
+    from lit_treegrpo.artifacts.run_folder import run_name
     from lit_treegrpo.core import TreeSpec
     from lit_treegrpo.models.shapes import ShapesAdapter
     from lit_treegrpo.rewards import Brightness
-    from lit_treegrpo.artifacts.run_folder import run_name
     from lit_treegrpo.training.settings import AdvantageSettings
 
     def module(tree: TreeSpec, method: str = "mean") -> SimpleNamespace:

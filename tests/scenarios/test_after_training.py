@@ -137,9 +137,9 @@ def test_the_grid_is_captioned_and_the_tree_view_drawn(tiny_run: Path) -> None:
 
 
 def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp_path: Path) -> None:
+    from lit_treegrpo.artifacts.export import ema_state, restore, swapped_in
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.models.tiny import tiny_sd3_pipeline
-    from lit_treegrpo.artifacts.export import ema_state, restore, swapped_in
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
     _main("export", *base, "--out", str(tmp_path / "lora"), "--ema", "true")
@@ -187,9 +187,9 @@ def test_export_of_the_tiny_config_loads_in_a_fresh_pipeline(tiny_run: Path, tmp
 def test_each_cards_snippet_loads_the_export_into_a_plain_pipeline_that_draws_the_adapters_images(
     tiny_run: Path, tmp_path: Path
 ) -> None:
+    from lit_treegrpo.artifacts.export import restore
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.core import TreeSpec, rollout
-    from lit_treegrpo.artifacts.export import restore
 
     base = ["--config", str(TINY), "--trainer.default_root_dir", str(tiny_run)]
     _main("export", *base, "--out", str(tmp_path / "lora"))
@@ -340,9 +340,9 @@ def test_the_views_and_the_axis_leave_training_unchanged(tiny_run: Path, tmp_pat
 def test_export_of_the_shapes_config_loads_in_shapes_adapter(tmp_path: Path) -> None:
     from diffusers import SD3Transformer2DModel
 
+    from lit_treegrpo.artifacts.export import restore
     from lit_treegrpo.cli import TreeGRPOCLI
     from lit_treegrpo.models.shapes import ShapesAdapter, builtin_folder
-    from lit_treegrpo.artifacts.export import restore
 
     base = ["--config", str(SHAPES), "--trainer.default_root_dir", str(tmp_path / "run")]
     _main("fit", *base, "--max_iterations", "1", "--data.batch_size", "1", "--trainer.limit_val_batches", "0",

@@ -12,12 +12,12 @@ import pytest
 import torch
 import yaml
 
+from lit_treegrpo.artifacts.run_folder import event_folder
 from lit_treegrpo.core import TreeSpec
 from lit_treegrpo.data import PromptDataModule
 from lit_treegrpo.models.lora import LoraSettings
 from lit_treegrpo.models.tiny import TinySD3Adapter
 from lit_treegrpo.rewards import Brightness
-from lit_treegrpo.artifacts.run_folder import event_folder
 from lit_treegrpo.training.module import TreeGRPOModule
 from lit_treegrpo.training.resume import ConfiguredOptimizer, apply_optimizer_options, check_resumable
 from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
