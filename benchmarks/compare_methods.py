@@ -203,6 +203,10 @@ def screen_status(cache: RunCache) -> str:
     return "\n".join(lines)
 
 
+#: the 1-minute load average below which the cores count as idle before a timing
+IDLE_LOAD = 0.5
+
+
 def timed(cache: RunCache, design: plan.Design, rounds: int, iterations: int) -> dict[str, Any]:
     """Seconds per unit of every reported method at its chosen rate (seed 0), with the environment."""
     sweeps = plan.sweeps_of(cache, design)
@@ -211,8 +215,11 @@ def timed(cache: RunCache, design: plan.Design, rounds: int, iterations: int) ->
     missing = [m for m, lr in chosen.items() if lr is None]
     if missing:
         raise SystemExit(f"--timing needs the chosen rates; the sweep of {', '.join(missing)} is not complete")
+    before = os.getloadavg()
     result = timing([RunSpec(m, lr, 0) for m, lr in chosen.items()], rounds=rounds, iterations=iterations)
-    return {**result, "environment": report.environment()}
+    # the load before the run says whether other work shared the cores (this process adds about 1)
+    load = {"before": list(before), "after": list(os.getloadavg()), "idle_before": before[0] <= IDLE_LOAD}
+    return {**result, "environment": report.environment(), "load_average": load}
 
 
 def finite(value: Any) -> Any:

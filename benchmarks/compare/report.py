@@ -470,19 +470,27 @@ def tables(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if report.get("timing"):
         t = report["timing"]
+        load = t.get("load_average")
+        if load is None:
+            shared = "the cores' load not recorded"
+        else:
+            shared = f"1-minute load average {load['before'][0]:.2f} before: " + (
+                "the cores otherwise idle" if load["idle_before"] else "**other work shared the cores**"
+            )
         lines += [
             "",
             f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
-            f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}):",
+            f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}; {shared}):",
             "",
-            "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward |",
-            "|---|---|---|---|---|",
+            "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward "
+            "| a trained forward in sampling forwards |",
+            "|---|---|---|---|---|---|",
         ]
         for name, m in t["methods"].items():
             lines.append(
                 f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
                 f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
-                f"{1000 * m['seconds_per_trained_forward']:.3f} |"
+                f"{1000 * m['seconds_per_trained_forward']:.3f} | {m['trained_forward_in_sampling_forwards']:.2f} |"
             )
     lines += settle.tables(report) + fidelity.tables(report)
     if "flattening" in report:
