@@ -170,32 +170,15 @@ def flux():
 
 def qwen_image():
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from lit_treegrpo.models.published import QWEN25_VL_7B_TEXT, QWEN25_VL_7B_VISION, QWEN_IMAGE, WAN21_VAE
-    from lit_treegrpo.models.tiny_qwen import tiny_qwen_tokenizer
+    from lit_treegrpo.models.tiny_qwen import qwen_text_encoder, tiny_qwen_tokenizer
 
     tokenizer = tiny_qwen_tokenizer()
-    vocab = 128  # the offline tokenizer's ids, then the four vision-token ids, never produced by text
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    text = dict(QWEN25_VL_7B_TEXT, num_hidden_layers=1, vocab_size=vocab, bos_token_id=None, eos_token_id=eos,
-                pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    text = dict(QWEN25_VL_7B_TEXT, num_hidden_layers=1)
     vision = dict(QWEN25_VL_7B_VISION, depth=1, fullatt_block_indexes=[0])
     torch.manual_seed(2)
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
-            text_config=text,
-            vision_config=vision,
-            vocab_size=vocab,
-            vision_start_token_id=vocab - 4,
-            image_token_id=vocab - 3,
-            video_token_id=vocab - 2,
-            vision_end_token_id=vocab - 1,
-            bos_token_id=None,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    text_encoder = qwen_text_encoder(tokenizer, 128, text, vision)  # the offline tokenizer's ids + 4 vision ids
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(  # Qwen/Qwen-Image's scheduler_config.json
             base_image_seq_len=256,

@@ -57,33 +57,36 @@ def tiny_qwen_tokenizer(model_max_length: int = 2048):
 
 def _tiny_qwen_text_encoder(tokenizer: Any, vocab: int) -> Any:
     """A tiny Qwen2.5-VL text encoder (its weights drawn from the global RNG, seeded by the caller)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
     text = dict(
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=vocab,
         rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"},
         rope_theta=1e6,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
     )
+    vision = dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64)
+    return qwen_text_encoder(tokenizer, vocab, text, vision)
+
+
+def qwen_text_encoder(tokenizer: Any, vocab: int, text: dict[str, Any], vision: dict[str, Any]) -> Any:
+    """A random Qwen2.5-VL for the offline tokenizer: ``vocab`` ids, the last four the vision tokens
+    (never produced by text), the tokenizer's end and padding ids; ``text`` / ``vision`` the rest."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    ids = dict(bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+               pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     return Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
-            text_config=text,
-            vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64),
+            text_config={**text, "vocab_size": vocab, **ids},
+            vision_config=vision,
             vocab_size=vocab,
             vision_start_token_id=vocab - 4,
             image_token_id=vocab - 3,
             video_token_id=vocab - 2,
             vision_end_token_id=vocab - 1,
-            bos_token_id=None,
-            eos_token_id=text["eos_token_id"],
-            pad_token_id=tokenizer.pad_token_id,
+            **ids,
         )
     )
 

@@ -13,23 +13,12 @@ from pathlib import Path
 import pytest
 
 from lit_treegrpo.cli.first_checks import FAMILIES, PRETRAINED, FirstCheckError, check_weights, resolve_config_names
+from tests.cli.helpers import one_error_line
 
 REPO = Path(__file__).resolve().parents[2]
 #: the real-model configs and the diffusers pipeline whose folder layout each names
 REAL = {"sd15": "StableDiffusionPipeline", "sd35": "StableDiffusion3Pipeline", "flux": "FluxPipeline",
         "qwen_image": "QwenImagePipeline", "wan": "WanPipeline", "sd35_fsdp": "StableDiffusion3Pipeline"}  # fmt: skip
-
-
-def _error(capsys, monkeypatch, *args: str) -> str:
-    from lit_treegrpo.cli import main
-
-    monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as stop:
-        main(list(args))
-    assert stop.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("config", sorted(REAL))
@@ -39,7 +28,7 @@ def test_a_real_config_without_its_weights_names_the_option_and_the_layout(
     # HF_HUB_OFFLINE=1 (conftest) and an empty hub cache: the published weights cannot be had
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    line = _error(capsys, monkeypatch, "fit", "--config", str(REPO / "configs" / f"{config}.yaml"),
+    line = one_error_line(capsys, monkeypatch, "fit", "--config", str(REPO / "configs" / f"{config}.yaml"),
                   "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
     assert line.startswith(f"error: {PRETRAINED} "), line
     assert "not in the local hub cache and HF_HUB_OFFLINE is set" in line
@@ -76,7 +65,7 @@ def test_with_its_weights_in_place_the_missing_extra_is_next_with_the_readmes_to
 
     tiny_sd15_pipeline(0).save_pretrained(str(tmp_path / "sd15"))  # the layout the config's adapter loads
     capsys.readouterr()  # what building it printed
-    line = _error(capsys, monkeypatch, "fit", "--config", str(REPO / "configs" / "sd15.yaml"), PRETRAINED,
+    line = one_error_line(capsys, monkeypatch, "fit", "--config", str(REPO / "configs" / "sd15.yaml"), PRETRAINED,
                   str(tmp_path / "sd15"), "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
     assert line.startswith("error: --model.reward: reward 'image_reward' needs a package that is not installed"), line
     assert "pip install 'lit-treegrpo[image-reward]'" in line

@@ -13,21 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.helpers import one_error_line
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-
-
-def _error(capsys, monkeypatch, *args: str) -> str:
-    from lit_treegrpo.cli import main
-
-    monkeypatch.delenv("LIT_TREEGRPO_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as stop:
-        main(list(args))
-    assert stop.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +34,7 @@ def test_lightnings_optimizer_options_are_refused_naming_the_modules(
 ) -> None:
     (tmp_path / "optimizer.yaml").write_text("optimizer:\n  class_path: torch.optim.SGD\n")
     args = [str(tmp_path / "optimizer.yaml") if a == "OPTIMIZER_FILE" else a for a in args]
-    line = _error(capsys, monkeypatch, "fit", "--config", str(TINY), *args, "--trainer.default_root_dir",
+    line = one_error_line(capsys, monkeypatch, "fit", "--config", str(TINY), *args, "--trainer.default_root_dir",
                   str(tmp_path / "run"))  # fmt: skip
     assert line.startswith(f"error: {option}") and "not an option of this command line" in line, line
     assert "the module builds its" in line and f"from {fix} (e.g. {fix} torch.optim." in line, line
