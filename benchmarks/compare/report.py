@@ -368,6 +368,33 @@ def units_k(x: float) -> str:
     return f"{x / 1000:.1f}k"
 
 
+def timing_table(t: dict[str, Any]) -> list[str]:
+    """The timing's table (Markdown lines), with whether other work shared the cores when it ran."""
+    load = t.get("load_average")
+    if load is None:
+        shared = "the cores' load not recorded"
+    else:
+        shared = f"1-minute load average {load['before'][0]:.2f} before: " + (
+            "the cores otherwise idle" if load["idle_before"] else "**other work shared the cores**"
+        )
+    lines = [
+        "",
+        f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
+        f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}; {shared}):",
+        "",
+        "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward "
+        "| a trained forward in sampling forwards |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in t["methods"].items():
+        lines.append(
+            f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
+            f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
+            f"{1000 * m['seconds_per_trained_forward']:.3f} | {m['trained_forward_in_sampling_forwards']:.2f} |"
+        )
+    return lines
+
+
 def tables(report: dict[str, Any]) -> str:
     """report.md: the sweep, the comparison, the pairs, time to target and timing, from the JSON."""
     p = report["protocol"]
@@ -469,29 +496,7 @@ def tables(report: dict[str, Any]) -> str:
                 ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if report.get("timing"):
-        t = report["timing"]
-        load = t.get("load_average")
-        if load is None:
-            shared = "the cores' load not recorded"
-        else:
-            shared = f"1-minute load average {load['before'][0]:.2f} before: " + (
-                "the cores otherwise idle" if load["idle_before"] else "**other work shared the cores**"
-            )
-        lines += [
-            "",
-            f"Seconds per compute unit, side by side in one process on one thread ({t['rounds']} rounds of "
-            f"{t['iterations']} iterations per method after one warm-up; {t['environment']['cpu']}; {shared}):",
-            "",
-            "| method | ms per unit | units per iteration | s per iteration | ms per sampling / trained forward "
-            "| a trained forward in sampling forwards |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, m in t["methods"].items():
-            lines.append(
-                f"| {name} | {1000 * m['seconds_per_unit']:.3f} | {m['units_per_iteration']:.0f} | "
-                f"{m['seconds_per_iteration']:.2f} | {1000 * m['seconds_per_sampling_forward']:.3f} / "
-                f"{1000 * m['seconds_per_trained_forward']:.3f} | {m['trained_forward_in_sampling_forwards']:.2f} |"
-            )
+        lines += timing_table(report["timing"])
     lines += settle.tables(report) + fidelity.tables(report)
     if "flattening" in report:
         f = report["flattening"]
