@@ -147,18 +147,11 @@ def sd3(config: dict[str, Any]):
 def flux():
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
-    from lit_treegrpo.models.published import CLIP_L, FLUX_DEV, FLUX_VAE, T5_XXL
+    from lit_treegrpo.models.published import CLIP_L, FLUX_DEV, FLUX_DEV_SCHEDULER, FLUX_VAE, T5_XXL
     from lit_treegrpo.models.tiny import tiny_clip_tokenizer, tiny_t5_tokenizer
 
     return FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(  # FLUX.1-dev's scheduler_config.json
-            shift=3.0,
-            use_dynamic_shifting=True,
-            base_shift=0.5,
-            max_shift=1.15,
-            base_image_seq_len=256,
-            max_image_seq_len=4096,
-        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER),
         vae=diffusers_model("AutoencoderKL", FLUX_VAE, 1),
         text_encoder=clip(False, CLIP_L, 2),
         tokenizer=tiny_clip_tokenizer(_tmp() / "tokenizer"),
@@ -171,7 +164,13 @@ def flux():
 def qwen_image():
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    from lit_treegrpo.models.published import QWEN25_VL_7B_TEXT, QWEN25_VL_7B_VISION, QWEN_IMAGE, WAN21_VAE
+    from lit_treegrpo.models.published import (
+        QWEN25_VL_7B_TEXT,
+        QWEN25_VL_7B_VISION,
+        QWEN_IMAGE,
+        QWEN_IMAGE_SCHEDULER,
+        WAN21_VAE,
+    )
     from lit_treegrpo.models.tiny_qwen import qwen_text_encoder, tiny_qwen_tokenizer
 
     tokenizer = tiny_qwen_tokenizer()
@@ -180,16 +179,7 @@ def qwen_image():
     torch.manual_seed(2)
     text_encoder = qwen_text_encoder(tokenizer, 128, text, vision)  # the offline tokenizer's ids + 4 vision ids
     return QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(  # Qwen/Qwen-Image's scheduler_config.json
-            base_image_seq_len=256,
-            base_shift=0.5,
-            max_image_seq_len=8192,
-            max_shift=0.9,
-            shift=1.0,
-            shift_terminal=0.02,
-            time_shift_type="exponential",
-            use_dynamic_shifting=True,
-        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
         vae=diffusers_model("AutoencoderKLQwenImage", WAN21_VAE, 1),
         text_encoder=text_encoder,
         tokenizer=tokenizer,

@@ -100,6 +100,23 @@ WAN22_TI2V_5B = dict(_WAN, num_attention_heads=24, in_channels=48, out_channels=
 #: Wan-AI/Wan2.2-T2V-A14B-Diffusers, transformer/ and transformer_2/config.json (one per expert)
 WAN22_A14B = dict(_WAN, num_attention_heads=40, in_channels=16, out_channels=16, ffn_dim=13824, num_layers=40)
 
+# ---------------------------------------------------------------------------------- schedulers
+#: black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json (FlowMatchEulerDiscreteScheduler)
+FLUX_DEV_SCHEDULER = dict(
+    shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096
+)
+#: Qwen/Qwen-Image, scheduler/scheduler_config.json (FlowMatchEulerDiscreteScheduler)
+QWEN_IMAGE_SCHEDULER = dict(
+    base_image_seq_len=256,
+    base_shift=0.5,
+    max_image_seq_len=8192,
+    max_shift=0.9,
+    shift=1.0,
+    shift_terminal=0.02,
+    time_shift_type="exponential",
+    use_dynamic_shifting=True,
+)
+
 # ---------------------------------------------------------------------------------- text encoders, VAEs
 #: openai/clip-vit-large-patch14 (SD 1.5's text_encoder, SD3's and FLUX's CLIP-L)
 CLIP_L = dict(

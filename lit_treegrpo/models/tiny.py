@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .flux import FluxAdapter
+from .published import FLUX_DEV_SCHEDULER
 from .sd3 import SD3Adapter
 from .sd15 import SD15Adapter
 
@@ -250,15 +251,8 @@ def tiny_flux_pipeline(seed: int = 0, folder: str | Path | None = None, schnell:
     t5 = _tiny_t5_encoder()
     if schnell:
         scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
-    else:  # FLUX.1-dev's scheduler config
-        scheduler = FlowMatchEulerDiscreteScheduler(
-            shift=3.0,
-            use_dynamic_shifting=True,
-            base_shift=0.5,
-            max_shift=1.15,
-            base_image_seq_len=256,
-            max_image_seq_len=4096,
-        )
+    else:
+        scheduler = FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER)
     return FluxPipeline(
         scheduler=scheduler,
         vae=vae,

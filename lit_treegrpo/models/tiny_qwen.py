@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .published import QWEN_IMAGE_SCHEDULER
 from .qwen_image import QwenImageAdapter
 
 #: the words of QwenImagePipeline's prompt template, whole tokens as in Qwen's vocabulary
@@ -126,16 +127,7 @@ def tiny_qwen_image_pipeline(seed: int = 0):
     )
     torch.manual_seed(seed + 2)
     text_encoder = _tiny_qwen_text_encoder(tokenizer, vocab)
-    scheduler = FlowMatchEulerDiscreteScheduler(  # Qwen/Qwen-Image's scheduler_config.json
-        base_image_seq_len=256,
-        base_shift=0.5,
-        max_image_seq_len=8192,
-        max_shift=0.9,
-        shift=1.0,
-        shift_terminal=0.02,
-        time_shift_type="exponential",
-        use_dynamic_shifting=True,
-    )
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
     return QwenImagePipeline(
         scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
     )
