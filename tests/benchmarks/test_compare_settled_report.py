@@ -1,0 +1,203 @@
+"""The whole report of a settled design (``plan.SETTLED``'s shape, scaled down): the official presets
+swept on grids centred by the screen and reported, the screen's arms, MixGRPO and the settling
+TreeGRPO extended to more seeds, a ceiling folder for a method still rising at the budget, the
+timing. It runs on hand-written run records (the report reads curves; which model made them does
+not matter to it), so that the report the long runs end in cannot first fail when they finish."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import compare_methods
+import pytest
+from compare import plan, report
+from compare.methods import HEADLINE, OFFICIAL, VARIANTS, RunSpec, resolved_config
+from compare.plan import SCREEN_BASELINES, SCREEN_RATES, SCREEN_SEEDS
+from compare.runs import Protocol, RunCache
+
+# the report's 10 000-resample bootstraps in pure Python over ten methods and the plots: about 40 s
+# on an idle core, so beside the long comparison tests rather than in the default suite
+pytestmark = pytest.mark.slow
+
+PROTOCOL = Protocol(budget=120.0, evaluations=6, eval_seeds=2)
+CHOSEN = {"treegrpo": 1e-4, "mixgrpo": 3e-4, "dancegrpo": 3e-4, "flowgrpo": 1e-3, "branchgrpo": 1e-5}
+DESIGN = plan.Design(
+    protocol=PROTOCOL,
+    sweep_seeds=SCREEN_SEEDS,  # the screen's runs are the official presets' first sweep seeds
+    report_seeds=(0, 1, 2),
+    variant_seeds=(0, 1),
+    grids={m: (lr,) for m, lr in CHOSEN.items()},  # one rate: the sweep rule is tested elsewhere
+    official=OFFICIAL,
+    extension_seeds=(3, 4),
+)
+# each run's level at the end (the curves' shapes below); a method absent at a rate is not needed
+LEVEL = {
+    ("treegrpo", 1e-4): 0.80,
+    ("treegrpo", 3e-4): 0.70,
+    ("mixgrpo", 3e-4): 0.79,
+    ("dancegrpo", 3e-4): 0.76,
+    ("flowgrpo", 1e-3): 0.78,
+    ("branchgrpo", 1e-5): 0.70,
+    ("branchgrpo", 1e-4): 0.60,
+    ("branchgrpo", 3e-4): 0.55,
+    ("treegrpo_softmax", 1e-4): 0.79,
+    ("branchgrpo_pruned", 1e-5): 0.69,
+    ("branchgrpo_mix", 1e-5): 0.74,
+    # the official presets: the screen's best rate (1e-4) in the middle of its grid, so the grid stays
+    ("branchgrpo_official", 1e-5): 0.72,
+    ("branchgrpo_official", 3e-5): 0.74,
+    ("branchgrpo_official", 1e-4): 0.77,
+    ("branchgrpo_official", 3e-4): 0.60,
+    ("treegrpo_official", 3e-5): 0.75,
+    ("treegrpo_official", 1e-4): 0.79,
+    ("treegrpo_official", 3e-4): 0.70,
+    **{
+        (arm, lr): level
+        for arm, level in (
+            ("branchgrpo_binary", 0.72),
+            ("branchgrpo_split_noise", 0.65),
+            ("branchgrpo_updates", 0.70),
+            ("branchgrpo_equal_weight", 0.70),
+        )
+        for lr in (1e-5, 1e-4)
+    },
+}
+RISING = {"dancegrpo", "flowgrpo", "branchgrpo"}  # linear to the end; the others level off at half the budget
+
+
+def rewards(method: str, lr: float, seed: int, evaluations: int) -> list[float]:
+    """A curve from 0.63 to the run's level, with a small wobble that differs by seed and method (so
+    paired differences vary)."""
+    level = LEVEL[(method, lr)]
+    wobble = [0.004 * ((7 * seed + 3 * i + len(method)) % 5 - 2) for i in range(evaluations + 1)]
+    rise = [i / evaluations if method in RISING else min(1.0, 2 * i / evaluations) for i in range(evaluations + 1)]
+    return [round(0.63 + (level - 0.63) * r + w, 6) for r, w in zip(rise, wobble)]
+
+
+CONFIGS: dict[str, dict] = {}
+
+
+def write(cache: RunCache, spec: RunSpec, curve: list[float]) -> None:
+    every = cache.protocol.every
+    points = [
+        {"units": every * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001, "reward_per_seed": [r, r]}
+        for i, r in enumerate(curve)
+    ]
+    its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 6
+    if spec.method not in CONFIGS:  # what a method trains does not depend on its rate or seed here
+        CONFIGS[spec.method] = resolved_config(spec)
+    cache.folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "identity": {"protocol": asdict(cache.protocol)},
+        "spec": asdict(spec),
+        "config": CONFIGS[spec.method],
+        "iterations": its,
+        "curve": points,
+    }
+    cache.path(spec).write_text(json.dumps(record))
+
+
+def every_run() -> list[RunSpec]:
+    runs = [RunSpec(m, lr, s) for m, lr in CHOSEN.items() for s in (*DESIGN.sweep_seeds, *DESIGN.report_seeds)]
+    runs += [RunSpec(m, CHOSEN[m], s) for m in ("treegrpo", "mixgrpo") for s in DESIGN.extension_seeds]
+    runs += [RunSpec(v, 1e-4 if v == "treegrpo_softmax" else 1e-5, s) for v in VARIANTS for s in DESIGN.variant_seeds]
+    runs += [RunSpec(m, lr, s) for m, rates in SCREEN_RATES.items() for lr in rates for s in SCREEN_SEEDS]
+    runs += [RunSpec(m, lr, s) for m, rates in SCREEN_BASELINES.items() for lr in rates for s in SCREEN_SEEDS]
+    runs += [RunSpec(m, 3e-5, s) for m in OFFICIAL for s in SCREEN_SEEDS]  # each grid's third rate
+    runs += [RunSpec(m, 1e-4, s) for m in OFFICIAL for s in DESIGN.report_seeds]
+    return sorted(set(runs), key=lambda r: (r.method, r.lr, r.seed))
+
+
+def timing() -> dict:
+    ms = {"treegrpo": 1.2, "mixgrpo": 1.0, "dancegrpo": 1.05, "flowgrpo": 1.15, "branchgrpo": 1.5}
+    ms |= {"treegrpo_softmax": 1.2, "branchgrpo_pruned": 1.3, "branchgrpo_mix": 1.0}
+    ms |= {"treegrpo_official": 1.1, "branchgrpo_official": 1.4}
+    return {
+        "rounds": 3,
+        "iterations": 3,
+        "environment": {"cpu": "test"},
+        "load_average": {"before": [0.3, 0.3, 0.3], "after": [1.0] * 3, "idle_before": True},
+        "methods": {
+            m: {
+                "seconds_per_unit": v / 1000,
+                "units_per_iteration": 2000.0,
+                "seconds_per_iteration": 2 * v,
+                "rounds_seconds_per_iteration": [2 * v, 2 * v * 1.01, 2 * v * 0.99],
+                "seconds_per_sampling_forward": 0.0004,
+                "seconds_per_trained_forward": 0.001,
+                "trained_forward_in_sampling_forwards": 2.5,
+            }
+            for m, v in ms.items()
+        },
+    }
+
+
+def final(method: str, lr: float, seeds: tuple[int, ...]) -> list[float]:
+    return [rewards(method, lr, s, PROTOCOL.evaluations)[-1] for s in seeds]
+
+
+@pytest.fixture(scope="module")
+def settled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("settled")
+    cache = RunCache(out, PROTOCOL)
+    for spec in every_run():
+        write(cache, spec, rewards(spec.method, spec.lr, spec.seed, PROTOCOL.evaluations))
+    # DanceGRPO, still rising at this budget, levels off at 0.79 by its cap in the ceiling folder
+    ceiling = RunCache(out / "ceiling", plan.CEILING.protocol)
+    n = plan.CEILING.protocol.evaluations
+    for s in plan.CEILING.report_seeds:
+        write(ceiling, RunSpec("dancegrpo", 3e-4, s), [0.63 + 0.16 * min(1.0, 2 * i / n) for i in range(n + 1)])
+    (out / "timing.json").write_text(json.dumps(timing()))
+    marked = f"before\n{report.BEGIN}\nold\n{report.END}\nafter\n"
+    docs = [out / "results.md", out / "README.md"]
+    for doc in docs:
+        doc.write_text(marked)
+    results = compare_methods.write_report(cache, DESIGN, out, docs, ceiling_out=out / "ceiling")
+    return results, out
+
+
+def test_the_settled_design_is_complete_with_its_extension_and_official_presets(settled) -> None:
+    results, out = settled
+    assert results["complete"] and results["missing"] == []
+    methods = results["methods"]
+    assert [methods[m]["n"] for m in HEADLINE] == [5, 5, 3, 3, 3]  # TreeGRPO and MixGRPO extended
+    assert {m: (methods[m]["lr"], methods[m]["n"]) for m in OFFICIAL} == {m: (1e-4, 3) for m in OFFICIAL}
+    official = results["sweep"]["branchgrpo_official"]
+    assert official["grid"] == [3e-5, 1e-4, 3e-4] and official["chosen_lr"] == 1e-4  # centred by the screen
+    # the official preset against its base and DanceGRPO, paired on the reported seeds
+    diff = results["official_pairs"]["branchgrpo_official - branchgrpo"]
+    assert diff["seeds"] == [0, 1, 2]
+    expected = statistics.fmean(
+        a - b for a, b in zip(final("branchgrpo_official", 1e-4, (0, 1, 2)), final("branchgrpo", 1e-5, (0, 1, 2)))
+    )
+    assert diff["final"]["mean"] == pytest.approx(expected)
+    assert "branchgrpo_official - dancegrpo" in results["official_pairs"]
+    assert results["curve_pair"]["pair"].startswith("treegrpo") and len(results["curve_pair"]["seeds"]) == 5
+
+
+def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(settled) -> None:
+    results, out = settled
+    methods = results["methods"]
+    assert methods["dancegrpo"]["plateau"]["verdict"] == "still rising"
+    assert methods["dancegrpo"]["ceiling"]["verdict"] == "plateau"  # the ceiling folder's runs level off
+    assert methods["dancegrpo"]["ceiling"]["reward"]["mean"] == pytest.approx(0.79)
+    assert methods["treegrpo"]["ceiling"]["verdict"] == "plateau"  # flat at this budget already
+    assert methods["flowgrpo"]["ceiling"]["verdict"] == "still rising, no longer runs"
+    binary = results["screen"]["arms"]["branchgrpo_binary"]["rates"]["1e-05"]
+    assert binary["final"]["direction"] == "up" and binary["final"]["arm"] == pytest.approx(
+        statistics.fmean(final("branchgrpo_binary", 1e-5, SCREEN_SEEDS))
+    )
+    claims = {(c["method"], c["axis"]): c["verdict"] for c in results["claims"]}
+    assert claims[("branchgrpo", "compute")] == "contradicted"  # 0.70 against DanceGRPO's 0.76
+    assert ("branchgrpo_official", "compute") in claims and ("branchgrpo_mix", "seconds per iteration") in claims
+    # the file, the tables and the docs' generated regions say the same
+    saved = json.loads((out / "results.json").read_text())
+    text = (out / "report.md").read_text()
+    assert text == report.tables(saved) + "\n"
+    assert "| branchgrpo_binary | 1e-05 |" in text and "| branchgrpo_official - branchgrpo | 3 |" in text
+    assert "| dancegrpo | 3 |" in text and "still rising" in text
+    assert report.generated_region((out / "README.md").read_text()) == saved["headline"]
+    assert report.generated_region((out / "results.md").read_text()).startswith(text.strip("\n"))
