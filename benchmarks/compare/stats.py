@@ -190,18 +190,20 @@ def plateau_test(
     if len(xs) < 2:
         raise ValueError(f"the last third of the budget ({budget:,.0f} units) holds fewer than two evaluations")
 
-    def of(sample: Sequence[Curve]) -> float:
-        return slope([(x, statistics.fmean(at(c, x) for c in sample)) for x in xs])
+    values = [[at(c, x) for x in xs] for c in curves]  # [seed][point], read once: resamples reuse them
+
+    def of(sample: Sequence[list[float]]) -> float:
+        return slope([(x, statistics.fmean(v[j] for v in sample)) for j, x in enumerate(xs)])
 
     rng = random.Random(seed)
     n = len(curves)
-    draws = sorted(of([curves[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    draws = sorted(of([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
     alpha = (1.0 - level) / 2
     lo, hi = quantile(draws, alpha), quantile(draws, 1 - alpha)
     margin = 1e-12  # a slope exactly at the tolerance counts as reaching it, whatever its rounding
     verdict = "still rising" if lo >= tolerance - margin else "falling" if hi <= -tolerance + margin else "flat"
     return {
-        "slope": of(curves),
+        "slope": of(values),
         "lo": lo,
         "hi": hi,
         "n": n,
