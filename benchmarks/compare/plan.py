@@ -176,18 +176,31 @@ class Sweep:
         }
 
 
+COLLAPSE_DROP = 0.1
+"""A screen run collapses when its final reward lies more than this below its own best evaluation
+(about ten evaluation-noise units)."""
+
+
 def screen_grid(cache: RunCache, method: str) -> tuple[float, ...] | None:
     """An official preset's grid, fixed before its runs (docs/benchmarks.md): the three rates of the
-    1-3-10 series centred on its best screen rate by the sweep's rule over the screen's seeds; None
-    until every screen run of ``method`` is in ``cache``."""
-    plateaus = {}
+    1-3-10 series centred on its best screen rate by the sweep's rule over the screen's seeds, or,
+    where every screen run collapses (:data:`COLLAPSE_DROP`), on its lowest screen rate; None until
+    every screen run of ``method`` is in ``cache``."""
+    plateaus, collapsed = {}, []
     for lr in SCREEN_RATES[method]:
         runs = [cache.load(RunSpec(method, lr, s)) for s in SCREEN_SEEDS]
         if None in runs:
             return None
-        plateaus[lr] = [stats.plateau(curve(r)) for r in runs]  # type: ignore[arg-type]
-    best = max(plateaus, key=lambda lr: stats.selection_score(plateaus[lr]))
-    return (neighbour(best, up=False), best, neighbour(best, up=True))
+        curves = [curve(r) for r in runs]  # type: ignore[arg-type]
+        plateaus[lr] = [stats.plateau(c) for c in curves]
+        collapsed += [max(v for _, v in c) - c[-1][1] > COLLAPSE_DROP for c in curves]
+    # Amended before any full-protocol run of an official preset: among rates that all collapse the
+    # best plateau says how deep, not where the preset is stable, which lies below them.
+    if all(collapsed):
+        centre = min(plateaus)
+    else:
+        centre = max(plateaus, key=lambda lr: stats.selection_score(plateaus[lr]))
+    return (neighbour(centre, up=False), centre, neighbour(centre, up=True))
 
 
 def sweep_of(cache: RunCache, method: str, design: Design = FULL) -> Sweep:

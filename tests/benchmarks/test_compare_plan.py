@@ -388,3 +388,17 @@ def test_an_official_presets_grid_is_centred_on_its_best_screen_rate(tmp_path: P
         write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.7, 0.7, 0.7, low])
         write(cache, RunSpec("treegrpo_official", 3e-4, s), [0.5, high, high, high, high])
     assert plan.screen_grid(cache, "treegrpo_official") == (3e-5, 1e-4, 3e-4)
+
+
+def test_an_official_preset_that_collapses_at_every_screen_rate_centres_on_its_lowest(tmp_path: Path) -> None:
+    # 1e-4 falls from 0.75 to 0.1 on both seeds (plateau 0.1), 3e-4 from 0.8 to 0.4 (plateau 0.4):
+    # the best plateau is 3e-4's, yet both collapse, so the grid is centred on 1e-4, the lowest
+    cache = RunCache(tmp_path, PROTOCOL)
+    for s in plan.SCREEN_SEEDS:
+        write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.75, 0.1, 0.1, 0.1])
+        write(cache, RunSpec("treegrpo_official", 3e-4, s), [0.5, 0.8, 0.4, 0.4, 0.4])
+    assert plan.screen_grid(cache, "treegrpo_official") == (3e-5, 1e-4, 3e-4)
+    # one seed whose final lies exactly COLLAPSE_DROP below its peak has not collapsed: the best
+    # plateau (3e-4, mean minus sd 0.45 - 0.0707 against 0.1) centres the grid again
+    write(cache, RunSpec("treegrpo_official", 3e-4, 101), [0.5, 0.6, 0.5, 0.5, 0.6 - plan.COLLAPSE_DROP])
+    assert plan.screen_grid(cache, "treegrpo_official") == (1e-4, 3e-4, 1e-3)
