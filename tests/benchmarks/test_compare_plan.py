@@ -4,13 +4,14 @@ by hand into a cache (the plan reads curves; which model made them does not matt
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from compare import plan, report
 from compare.methods import RunSpec, resolved_config, training_identity
 from compare.runs import Protocol, RunCache
+
+from tests.benchmarks.records import write
 
 PROTOCOL = Protocol(budget=100.0, evaluations=4, eval_seeds=2)
 DESIGN = plan.Design(
@@ -22,29 +23,6 @@ DESIGN = plan.Design(
     headline=("treegrpo", "dancegrpo"),
     variants=(),
 )
-
-
-def write(cache: RunCache, spec: RunSpec, rewards: list[float], **extra: object) -> None:
-    """A run record whose held-out curve is ``rewards`` at 0, 25, 50, 75, 100 units (and ``extra``
-    fields, e.g. the run's seconds)."""
-    points = [
-        {"units": 25.0 * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001, "reward_per_seed": [r, r]}
-        for i, r in enumerate(rewards)
-    ]
-    its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 5
-    cache.folder.mkdir(parents=True, exist_ok=True)
-    cache.path(spec).write_text(
-        json.dumps(
-            {
-                "identity": {"protocol": asdict(cache.protocol)},
-                "spec": asdict(spec),
-                "config": resolved_config(spec),
-                "iterations": its,
-                "curve": points,
-                **extra,
-            }
-        )
-    )
 
 
 def sweep_jobs(cache: RunCache) -> set[tuple[str, float, int]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 
 import compare_methods
@@ -17,6 +16,8 @@ from compare import plan, report
 from compare.methods import HEADLINE, OFFICIAL, VARIANTS, RunSpec, resolved_config
 from compare.plan import SCREEN_BASELINES, SCREEN_RATES, SCREEN_SEEDS
 from compare.runs import Protocol, RunCache
+
+from tests.benchmarks import records
 
 # the report's 10 000-resample bootstraps in pure Python over ten methods and the plots: about 40 s
 # on an idle core, so beside the long comparison tests rather than in the default suite
@@ -81,23 +82,9 @@ CONFIGS: dict[str, dict] = {}
 
 
 def write(cache: RunCache, spec: RunSpec, curve: list[float]) -> None:
-    every = cache.protocol.every
-    points = [
-        {"units": every * i, "sampling_nfe": 10.0 * i, "reward": r, "reward_se": 0.001, "reward_per_seed": [r, r]}
-        for i, r in enumerate(curve)
-    ]
-    its = [{"sampling": 8.0, "trained": 4.0, "reference": 0.0, "reward_images": 2.0, "units": 20.0}] * 6
     if spec.method not in CONFIGS:  # what a method trains does not depend on its rate or seed here
         CONFIGS[spec.method] = resolved_config(spec)
-    cache.folder.mkdir(parents=True, exist_ok=True)
-    record = {
-        "identity": {"protocol": asdict(cache.protocol)},
-        "spec": asdict(spec),
-        "config": CONFIGS[spec.method],
-        "iterations": its,
-        "curve": points,
-    }
-    cache.path(spec).write_text(json.dumps(record))
+    records.write(cache, spec, curve, iterations=6, config=CONFIGS[spec.method])
 
 
 def every_run() -> list[RunSpec]:
