@@ -42,9 +42,11 @@ ARMS = {
     "branchgrpo_split_noise": "branchgrpo",
     "branchgrpo_updates": "branchgrpo",
     "branchgrpo_equal_weight": "branchgrpo",
+    "treegrpo_official_window": "treegrpo_official",
 }
-"""The screen's arms (``SCREEN/<arm>.yaml``), each one setting of the official code changed alone on
-its base preset (docs/benchmarks.md, the fidelity screen)."""
+"""The screen's arms (``SCREEN/<arm>.yaml``), each one setting changed alone on its base preset: an
+official-code setting on today's BranchGRPO, or the official TreeGRPO's window schedule stretched
+over the budget (docs/benchmarks.md, the fidelity screen)."""
 FLAT = ("dancegrpo", "flowgrpo", "mixgrpo")
 """The flat baselines (independent chains, no shared prefix)."""
 

@@ -112,6 +112,8 @@ SCREEN_RATES: dict[str, tuple[float, ...]] = {
     "branchgrpo_updates": (1e-5, 1e-4),
     "branchgrpo_equal_weight": (1e-5, 1e-4),
     "treegrpo_official": (1e-4, 3e-4),
+    # added before its runs, after treegrpo_official's collapse (docs/benchmarks.md): paired with it
+    "treegrpo_official_window": (1e-4, 3e-4),
 }
 SCREEN_BASELINES: dict[str, tuple[float, ...]] = {"branchgrpo": (1e-5, 1e-4, 3e-4), "treegrpo": (1e-4, 3e-4)}
 """Today's presets at the same rates and seeds: the sweep runs each arm is paired with."""

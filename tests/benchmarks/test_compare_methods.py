@@ -42,8 +42,8 @@ SIZES = {
     "branchgrpo_official": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
     "branchgrpo_binary": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
 }
-# the other screen arms change no tree: branchgrpo's
-SIZES.update({arm: SIZES["branchgrpo"] for arm in ARMS if arm not in SIZES})
+# the other screen arms change no tree at its first offset: their base preset's
+SIZES.update({arm: SIZES[base] for arm, base in ARMS.items() if arm not in SIZES})
 METHOD_KEYS = ("tree", "advantage", "loss", "minibatches", "edges_per_update", "inner_epochs")
 
 

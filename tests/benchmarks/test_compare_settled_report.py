@@ -55,6 +55,8 @@ LEVEL = {
     ("treegrpo_official", 3e-5): 0.75,
     ("treegrpo_official", 1e-4): 0.79,
     ("treegrpo_official", 3e-4): 0.70,
+    ("treegrpo_official_window", 1e-4): 0.80,
+    ("treegrpo_official_window", 3e-4): 0.72,
     **{
         (arm, lr): level
         for arm, level in (
@@ -177,6 +179,8 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     assert binary["final"]["direction"] == "up" and binary["final"]["arm"] == pytest.approx(
         statistics.fmean(final("branchgrpo_binary", 1e-5, SCREEN_SEEDS))
     )
+    window = results["screen"]["arms"]["treegrpo_official_window"]  # paired with the official preset
+    assert window["base"] == "treegrpo_official" and window["rates"]["0.0001"]["final"]["direction"] == "up"
     claims = {(c["method"], c["axis"]): c["verdict"] for c in results["claims"]}
     assert claims[("branchgrpo", "compute")] == "contradicted"  # 0.70 against DanceGRPO's 0.76
     assert ("branchgrpo_official", "compute") in claims and ("branchgrpo_mix", "seconds per iteration") in claims
@@ -184,7 +188,11 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     saved = json.loads((out / "results.json").read_text())
     text = (out / "report.md").read_text()
     assert text == report.tables(saved) + "\n"
-    assert "| branchgrpo_binary | 1e-05 |" in text and "| branchgrpo_official - branchgrpo | 3 |" in text
+    assert (
+        "| branchgrpo_binary | 1e-05 |" in text
+        and "| treegrpo_official_window | 0.0003 |" in text
+        and "| branchgrpo_official - branchgrpo | 3 |" in text
+    )
     assert "| dancegrpo | 3 |" in text and "still rising" in text
     assert report.generated_region((out / "README.md").read_text()) == saved["headline"]
     assert report.generated_region((out / "results.md").read_text()).startswith(text.strip("\n"))
