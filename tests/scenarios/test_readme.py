@@ -133,6 +133,15 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
             f"`{variant}` ({len(pair['seeds'])} seeds) minus its headline method: {ci(pair['final'])}, {verdict}"
             in text
         )
+    # BranchGRPO-Mix: its gain over BranchGRPO over the budget, its end, and its paper's claim on each axis
+    pair, mix = saved["variant_pairs"]["branchgrpo_mix - branchgrpo"], methods["branchgrpo_mix"]
+    assert f"(AUC {ci(pair['auc'])}, resolved;" in text and f"ends at {mix['final']['mean']:.3f}" in text
+    slope = mix["plateau"]
+    assert slope["verdict"] == "still rising"
+    assert f"(slope over the last third {slope['slope']:+.3f} [{slope['lo']:+.3f}, {slope['hi']:+.3f}]" in text
+    claim = {c["axis"]: c["ours"] for c in saved["claims"] if c["method"] == "branchgrpo_mix"}
+    assert f"takes {times(claim['seconds per iteration'])} less time than DanceGRPO's" in text
+    assert f"({claim['compute']['mean']:.2f}x in compute, {claim['seconds']['mean']:.2f}x in seconds)" in text
     for missing in saved["missing"]:
         assert missing.split(":")[0] + "`" in text, missing
 
