@@ -85,6 +85,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="--work: end once every run left is another live process's (so that a script's next "
+        "stage starts at once) instead of waiting to take over a run whose process dies",
+    )
+    p.add_argument(
         "--ceiling",
         action="store_true",
         help="--work / --status: the ceiling runs (plan.CEILING: the methods still rising in --reported, "
@@ -132,10 +138,12 @@ def work(
     poll: float = 30.0,
     screen: bool = False,
     ceiling_of: RunCache | None = None,
+    wait: bool = True,
 ) -> None:
     """Train what the plan needs (``screen``: the screen's runs; ``ceiling_of``: the ceiling runs of
-    that comparison) until nothing is left; wait while other processes hold the rest. Ends after the
-    run in hand (none lost) once ``runs/STOP`` exists."""
+    that comparison) until nothing is left; wait while other processes hold the rest (to take over a
+    run whose process dies), or, without ``wait``, end then, so that a next stage starts at once.
+    Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
     stop = cache.folder / STOP
     while True:
         if stop.exists():
@@ -152,6 +160,9 @@ def work(
             print("nothing left to train", flush=True)
             return
         if next(cache.work(pending), None) is None:  # all pending runs are another process's
+            if not wait:
+                print(f"the {len(pending)} runs left are other processes': ending (--no-wait)", flush=True)
+                return
             time.sleep(poll)
 
 
@@ -316,7 +327,15 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if args.work:
         poll = 2.0 if args.quick else 30.0
-        work(cache, design, variants=not args.no_variants, poll=poll, screen=args.screen, ceiling_of=reported)
+        work(
+            cache,
+            design,
+            variants=not args.no_variants,
+            poll=poll,
+            screen=args.screen,
+            ceiling_of=reported,
+            wait=not args.no_wait,
+        )
     if args.timing:
         rounds, iterations = (1, 1) if args.quick else (3, 3)
         (args.out / "timing.json").write_text(json.dumps(timed(cache, design, rounds, iterations), indent=1))

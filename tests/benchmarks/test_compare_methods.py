@@ -169,3 +169,38 @@ def test_a_stop_file_ends_the_workers_between_runs(tmp_path: Path, monkeypatch, 
     compare_methods.work(cache, plan.QUICK, poll=0.0)  # a new worker while the file is there: no run
     assert len(trained) == 1
     assert not list(cache.folder.glob("*.claim"))  # the finished run's claim was released
+
+
+def test_without_wait_a_worker_ends_when_the_runs_left_are_other_live_processes(tmp_path: Path, capsys) -> None:
+    """`--work --no-wait` ends, instead of polling, once every pending run is claimed by a live process
+    (here a `sleep`), so that a script's next stage starts at once; by default it keeps waiting."""
+    import subprocess
+
+    import compare_methods
+    from compare import plan
+    from compare.runs import RunCache
+
+    cache = RunCache(tmp_path, plan.QUICK.protocol)
+    cache.folder.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        pending = plan.jobs(cache, plan.QUICK)
+        for spec in pending:
+            cache.path(spec).with_suffix(".claim").write_text(str(other.pid))
+        compare_methods.work(cache, plan.QUICK, poll=0.0, wait=False)
+        assert f"the {len(pending)} runs left are other processes': ending (--no-wait)" in capsys.readouterr().out
+        assert compare_methods.parse(["--out", str(tmp_path), "--work", "--no-wait"]).no_wait
+
+        class Waited(Exception):
+            pass
+
+        def sleep(_: float) -> None:
+            raise Waited
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(compare_methods.time, "sleep", sleep)
+            with pytest.raises(Waited):
+                compare_methods.work(cache, plan.QUICK, poll=0.0)
+    finally:
+        other.kill()
+        other.wait()
