@@ -5,6 +5,7 @@ resolved."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -101,10 +102,11 @@ def difference(report: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     return None
 
 
-def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
+def claims(report: dict[str, Any], seed: int = 0) -> list[dict[str, Any]]:
     """The papers' claims as this comparison measures them, on the compute and the seconds axis;
     each "reproduced" where the interval lies on the claimed side of no effect, "contradicted" where
-    it lies on the other, else "not resolved" (the paper's own number is quoted beside)."""
+    it lies on the other, else "not resolved" (the paper's own number is quoted beside). ``seed``:
+    the bootstrap's, as for the report's other intervals."""
     out = []
     methods = report["methods"]
 
@@ -115,12 +117,11 @@ def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
         return "reproduced" if lo > none else "contradicted" if hi < none else "not resolved"
 
     def speedup_rows(method: str, claim: str, paper: str) -> None:
-        t = methods.get(method, {}).get("compute_to_target", {}).get("dancegrpo", {}).get("speedup")
+        mine = methods.get(method, {}).get("compute_to_target", {}).get("dancegrpo", {})
+        t = mine.get("speedup")
         if t is None:
             return
-        seconds = report.get("seconds") or {}
-        rate = seconds.get("seconds_per_unit", {})
-        scale = rate["dancegrpo"] / rate[method] if rate.get("dancegrpo") and rate.get(method) else None
+        rate = (report.get("seconds") or {}).get("seconds_per_unit", {})
         out.append(
             {
                 "kind": "speedup",
@@ -132,8 +133,14 @@ def claims(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "verdict": verdict(t["lo"], t["hi"], 1.0),
             }
         )
-        if scale is not None:
-            sec = {k: None if t[k] is None else t[k] * scale for k in ("mean", "lo", "hi")}
+        if rate.get("dancegrpo") and rate.get(method):
+            base = methods["dancegrpo"]["compute_to_target"]["dancegrpo"]["units"]
+            n = min(len(base), len(mine["units"]))
+            sec = stats.seconds_ratio(
+                base[:n], rate["dancegrpo"], mine["units"][:n], rate[method], report["protocol"]["budget"], seed=seed
+            )
+            # 0 / 0 (both at the target from the start) is undefined: no value, as JSON would hold it
+            sec = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in sec.items()}
             out.append(
                 {
                     "kind": "speedup",
@@ -227,6 +234,15 @@ def _interval(o: dict[str, Any], fmt: str, unit: str = "") -> str:
     return f"{text} [{o['lo']:{fmt}}{unit}, {o['hi']:{fmt}}{unit}]"
 
 
+def _censored(speedup: dict[str, Any]) -> str:
+    """How many paired seeds never reached the target (on the seconds axis: by the common horizon),
+    where any did: what says which way, if any, the restricted ratio bounds the speed-up."""
+    c, n = speedup.get("censored"), speedup.get("n")
+    if not c or not (c["method"] or c["baseline"]):
+        return ""
+    return f" (never reached: {c['method']} of {n} of its seeds, {c['baseline']} of DanceGRPO's)"
+
+
 def tables(report: dict[str, Any]) -> list[str]:
     """The fidelity and claims tables (Markdown lines), from ``results.json``."""
     lines: list[str] = []
@@ -280,7 +296,8 @@ def tables(report: dict[str, Any]) -> list[str]:
         lines += [
             "",
             "The papers' claims on this world (reproduced / contradicted where the 95% interval lies on one side "
-            "of no effect):",
+            "of no effect; a seed that never reaches a speed-up's target counts at the budget, in seconds at the "
+            "pair's common horizon):",
             "",
             "| claim | paper | method | axis | ours | verdict |",
             "|---|---|---|---|---|---|",
@@ -288,7 +305,7 @@ def tables(report: dict[str, Any]) -> list[str]:
         for c in cl:
             o = c["ours"]
             if c["kind"] == "speedup":
-                ours = f"{_interval(o, '.2f', 'x')} speed-up to DanceGRPO's target"
+                ours = f"{_interval(o, '.2f', 'x')} speed-up to DanceGRPO's target" + _censored(o)
             elif c["kind"] == "reward":
                 ours = f"{_interval(o, '+.3f')} final reward" + (" at equal seconds" if c["axis"] == "seconds" else "")
             else:

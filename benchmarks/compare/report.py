@@ -125,6 +125,11 @@ def speedups(methods: dict[str, Any], goals: dict[str, Any], seed: int) -> None:
             n = min(len(base["units"]), len(mine["units"]))
             mine["speedup"] = stats.ratio_of_means(base["units"][:n], mine["units"][:n], seed=seed)
             mine["speedup"]["baseline"] = goals[key]["method"]
+            # how many of the paired seeds never reached it: what the restricted ratio bounds
+            mine["speedup"]["censored"] = {
+                "method": n - sum(mine["reached"][:n]),
+                "baseline": n - sum(base["reached"][:n]),
+            }
 
 
 def pairs(methods: dict[str, Any], names: tuple[str, ...], seed: int) -> dict[str, Any]:
@@ -270,7 +275,7 @@ def summarise(
     if goals is not None:
         chosen = {m: sweeps[m].chosen for m in ("branchgrpo", "dancegrpo") if m in sweeps}
         report["screen"] = fidelity.screen(cache, budget, goals["dancegrpo"]["reward"], chosen)
-    report["claims"] = fidelity.claims(report)
+    report["claims"] = fidelity.claims(report, seed)
     if headline:
         best = max(headline, key=lambda m: methods[m]["final"]["mean"])
         runs = [cache.load(RunSpec(best, methods[best]["lr"], s)) for s in methods[best]["seeds"]]

@@ -111,8 +111,9 @@ def ratio_of_means(
 ) -> dict[str, float]:
     """``mean(numerator) / mean(denominator)`` with a paired percentile-bootstrap CI (both sides
     resampled with the same seed indices). Used for speed-ups: a baseline's compute to target over a
-    method's, censored seeds at the budget (so a censored method's speed-up is an upper bound and a
-    censored baseline's a lower bound)."""
+    method's, censored seeds at the budget: a ratio of means restricted to the budget, which bounds
+    the unrestricted speed-up from above where only the method has censored seeds, from below where
+    only the baseline has, and neither way where both have."""
     if len(numerator) != len(denominator) or not numerator:
         raise ValueError("ratio_of_means needs two non-empty sequences of equal length")
     rng = random.Random(seed)
@@ -132,6 +133,27 @@ def ratio_of_means(
         "n": n,
         "p": min(1.0, 2 * min(below, above)),
     }
+
+
+def seconds_ratio(
+    baseline_units: Sequence[float],
+    baseline_rate: float,
+    method_units: Sequence[float],
+    method_rate: float,
+    budget: float,
+    *,
+    seed: int = 0,
+) -> dict[str, float]:
+    """A speed-up to a target in seconds: each seed's compute to it (censored at ``budget`` units) at
+    its method's seconds per unit, both censored again at the pair's common horizon, the shorter of
+    the two budgets in seconds; then :func:`ratio_of_means` (the same seed indices as the compute
+    axis's). Scaling the compute ratio by the cost ratio instead would count a seed that neither
+    method reaches as slower for the costlier method, whose budget in seconds is longer."""
+    horizon = budget * min(baseline_rate, method_rate)
+    base = [min(u * baseline_rate, horizon) for u in baseline_units]
+    mine = [min(u * method_rate, horizon) for u in method_units]
+    censored = {"method": sum(t >= horizon for t in mine), "baseline": sum(t >= horizon for t in base)}
+    return {**ratio_of_means(base, mine, seed=seed), "horizon_seconds": horizon, "censored": censored}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -69,7 +69,7 @@ def test_compute_to_target_interpolates_the_crossing_and_censors_at_the_budget()
 
 def test_a_censored_speed_up_is_a_ratio_of_means_with_the_budget_in_place() -> None:
     # the baseline reaches the target at 10 and 20 units; the method at 5 and never (budget 30):
-    # (10 + 20) / (5 + 30) = 0.857..., a lower bound on the method's speed-up
+    # (10 + 20) / (5 + 30) = 0.857..., an upper bound on the method's speed-up (only it is censored)
     r = stats.ratio_of_means([10.0, 20.0], [5.0, 30.0])
     assert r["mean"] == pytest.approx(30 / 35)
     # resampling the seed pairs: (10, 5) twice -> 2, (20, 30) twice -> 2/3, mixed -> 30/35
@@ -77,6 +77,22 @@ def test_a_censored_speed_up_is_a_ratio_of_means_with_the_budget_in_place() -> N
     # a method at the target from the start: infinitely faster; both at the start: undefined
     assert stats.ratio_of_means([10.0], [0.0])["mean"] == float("inf")
     assert math.isnan(stats.ratio_of_means([0.0], [0.0])["mean"])
+
+
+def test_a_speed_up_in_seconds_censors_both_methods_at_their_common_horizon() -> None:
+    # baseline 1 s per unit, the method 2 s per unit, budget 30 units: the common horizon is the
+    # baseline's 30 s. Seed 0: 10 units (10 s) against 5 units (10 s); seed 1: neither reaches the
+    # target (30 s each at the horizon); seed 2: the baseline never, the method at 20 units (40 s,
+    # past the horizon: censored at 30 s too). So (10 + 30 + 30) / (10 + 30 + 30) = 1.
+    r = stats.seconds_ratio([10.0, 30.0, 30.0], 1.0, [5.0, 30.0, 20.0], 2.0, 30.0)
+    assert r["horizon_seconds"] == 30.0
+    assert r["censored"] == {"method": 2, "baseline": 2}  # seeds 1 and 2 for both
+    assert r["mean"] == pytest.approx(1.0) and r["lo"] == pytest.approx(1.0) and r["hi"] == pytest.approx(1.0)
+    # scaling the compute ratio by the cost ratio would have read 70 / 55 / 2 = 0.64: slower
+    assert stats.ratio_of_means([10.0, 30.0, 30.0], [5.0, 30.0, 20.0])["mean"] / 2.0 == pytest.approx(70 / 55 / 2)
+    # where both reach the target inside the horizon it is the compute ratio times the cost ratio
+    both = stats.seconds_ratio([10.0, 20.0], 1.0, [2.0, 4.0], 2.0, 30.0)
+    assert both["mean"] == pytest.approx(30 / 12)
 
 
 def test_the_selection_rule_penalises_spread() -> None:
