@@ -207,7 +207,7 @@ def screen_status(cache: RunCache) -> str:
     jobs = plan.screen_jobs()
     done = {spec for spec, _ in cache.finished()}
     lines = [f"the fidelity screen, runs in {cache.folder}"]
-    for arm in plan.SCREEN_RATES:
+    for arm in plan.screen_rates():
         mine = [s for s in jobs if s.method == arm]
         lines.append(f"  {arm:<24} {sum(s in done for s in mine)}/{len(mine)} runs")
     lines.append(f"{sum(s in done for s in jobs)} of {len(jobs)} screen runs done")

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import stats
 from .methods import ARMS, RunSpec
-from .plan import SCREEN_RATES, SCREEN_SEEDS, curve
+from .plan import SCREEN_SEEDS, curve, screen_rates
 from .runs import Run, RunCache
 
 BASE_OF = {**ARMS, "branchgrpo_official": "branchgrpo", "treegrpo_official": "treegrpo"}
@@ -70,7 +70,7 @@ def screen(cache: RunCache, budget: float, target: float, rates: dict[str, float
         run = cache.load(RunSpec(method, lr, seed))
         return None if run is None else run_quantities(run, budget, target)
 
-    for arm, arm_rates in SCREEN_RATES.items():
+    for arm, arm_rates in screen_rates().items():
         per_rate, pooled = {}, []
         for lr in arm_rates:
             pairs = [(load(arm, lr, s), load(BASE_OF[arm], lr, s)) for s in SCREEN_SEEDS]

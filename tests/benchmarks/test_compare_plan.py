@@ -380,3 +380,21 @@ def test_an_official_preset_that_collapses_at_every_screen_rate_centres_on_its_l
     # plateau (3e-4, mean minus sd 0.45 - 0.0707 against 0.1) centres the grid again
     write(cache, RunSpec("treegrpo_official", 3e-4, 101), [0.5, 0.6, 0.5, 0.5, 0.6 - plan.COLLAPSE_DROP])
     assert plan.screen_grid(cache, "treegrpo_official") == (1e-4, 3e-4, 1e-3)
+
+
+def test_the_screens_added_rate_comes_after_its_first_runs_and_leaves_the_official_grids_alone(tmp_path: Path) -> None:
+    jobs = plan.screen_jobs()
+    added = [s for s in jobs if s.lr in (3e-5,) and s.method != "treegrpo_official"]
+    # the first 30 runs (the rates fixed before the screen), then the 3e-5 runs: five arms x two seeds
+    assert len(jobs) == 40 and jobs[30:] == added and len(set(jobs)) == 40
+    assert {s.method for s in added} == set(plan.SCREEN_RATES_ADDED) and "branchgrpo" not in plan.SCREEN_RATES_ADDED
+    assert plan.screen_rates()["branchgrpo_official"] == (1e-5, 3e-5, 1e-4, 3e-4)
+    # branchgrpo_official screened at 1e-5 (steady, 0.7) and 1e-4 (collapsing) centres its grid on
+    # 1e-5 whatever its added 3e-5 runs hold: here a best-of-all 0.8 that, were it read, would win
+    cache = RunCache(tmp_path, PROTOCOL)
+    for s in plan.SCREEN_SEEDS:
+        write(cache, RunSpec("branchgrpo_official", 1e-5, s), [0.5, 0.7, 0.7, 0.7, 0.7])
+        write(cache, RunSpec("branchgrpo_official", 1e-4, s), [0.5, 0.75, 0.3, 0.3, 0.3])
+        write(cache, RunSpec("branchgrpo_official", 3e-4, s), [0.5, 0.75, 0.2, 0.2, 0.2])
+        write(cache, RunSpec("branchgrpo_official", 3e-5, s), [0.5, 0.8, 0.8, 0.8, 0.8])
+    assert plan.screen_grid(cache, "branchgrpo_official") == (3e-6, 1e-5, 3e-5)

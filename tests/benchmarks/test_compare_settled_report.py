@@ -14,7 +14,7 @@ import compare_methods
 import pytest
 from compare import plan, report
 from compare.methods import HEADLINE, OFFICIAL, VARIANTS, RunSpec, resolved_config
-from compare.plan import SCREEN_BASELINES, SCREEN_RATES, SCREEN_SEEDS
+from compare.plan import SCREEN_BASELINES, SCREEN_SEEDS, screen_rates
 from compare.runs import Protocol, RunCache
 
 from tests.benchmarks import records
@@ -93,7 +93,7 @@ def every_run() -> list[RunSpec]:
     runs = [RunSpec(m, lr, s) for m, lr in CHOSEN.items() for s in (*DESIGN.sweep_seeds, *DESIGN.report_seeds)]
     runs += [RunSpec(m, CHOSEN[m], s) for m in ("treegrpo", "mixgrpo") for s in DESIGN.extension_seeds]
     runs += [RunSpec(v, 1e-4 if v == "treegrpo_softmax" else 1e-5, s) for v in VARIANTS for s in DESIGN.variant_seeds]
-    runs += [RunSpec(m, lr, s) for m, rates in SCREEN_RATES.items() for lr in rates for s in SCREEN_SEEDS]
+    runs += [RunSpec(m, lr, s) for m, rates in screen_rates().items() for lr in rates for s in SCREEN_SEEDS]
     runs += [RunSpec(m, lr, s) for m, rates in SCREEN_BASELINES.items() for lr in rates for s in SCREEN_SEEDS]
     runs += [RunSpec(m, 3e-5, s) for m in OFFICIAL for s in SCREEN_SEEDS]  # each grid's third rate
     runs += [RunSpec(m, 1e-4, s) for m in OFFICIAL for s in DESIGN.report_seeds]
