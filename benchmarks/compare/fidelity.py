@@ -11,7 +11,7 @@ from typing import Any
 
 from . import stats
 from .methods import ARMS, RunSpec
-from .plan import SCREEN_SEEDS, curve, screen_rates
+from .plan import COLLAPSE_DROP, SCREEN_RATES_ADDED, SCREEN_SEEDS, curve, screen_rates
 from .runs import Run, RunCache
 
 BASE_OF = {**ARMS, "branchgrpo_official": "branchgrpo", "treegrpo_official": "treegrpo"}
@@ -48,6 +48,7 @@ def _compare(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str
     for q in QUANTITIES:
         diffs = [a[q] - b[q] for a, b in pairs]
         row: dict[str, Any] = {
+            "arm_per_seed": [a[q] for a, _ in pairs],
             "arm": statistics.fmean(a[q] for a, _ in pairs),
             "base": statistics.fmean(b[q] for _, b in pairs),
             "diffs": diffs,
@@ -91,6 +92,22 @@ def screen(cache: RunCache, budget: float, target: float, rates: dict[str, float
     return {"seeds": list(SCREEN_SEEDS), "target": target, "arms": arms}
 
 
+def paired_quantities(
+    cache: RunCache, rates: dict[str, float], seeds: list[int], budget: float, target: float
+) -> dict[str, Any]:
+    """The screen's quantities (final, peak, drop, compute to ``target``) of the first of ``rates``'
+    two methods minus the second's, over ``seeds``: the official presets' reported seeds against their
+    base and DanceGRPO, each method at its chosen rate."""
+    (a, lr_a), (b, lr_b) = rates.items()
+    pairs = []
+    for s in seeds:
+        ra, rb = cache.load(RunSpec(a, lr_a, s)), cache.load(RunSpec(b, lr_b, s))
+        if ra is None or rb is None:
+            raise ValueError(f"paired_quantities: no run of {a if ra is None else b} on seed {s}")
+        pairs.append((run_quantities(ra, budget, target), run_quantities(rb, budget, target)))
+    return _compare(pairs)
+
+
 def difference(report: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     """``a`` minus ``b`` in final reward from the report's pairs (either order) or official pairs."""
     found = {**report["pairs"], **report.get("official_pairs", {})}
@@ -100,6 +117,78 @@ def difference(report: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
         d = found[f"{b} - {a}"]["final"]
         return {**d, "mean": -d["mean"], "lo": -d["hi"], "hi": -d["lo"]}
     return None
+
+
+def gap(report: dict[str, Any]) -> str | None:
+    """Which ingredient, if any, closes BranchGRPO's gap to DanceGRPO (docs/benchmarks.md, the rules
+    fixed before the runs): the official settings together by the 10-seed paired differences, each
+    one alone by the screen (ends at or above DanceGRPO's sweep plateau on both seeds at one rate;
+    steady at an added rate where both seeds end within ``COLLAPSE_DROP`` of their peak). None until
+    ``branchgrpo_official`` has paired seeds with DanceGRPO and today's preset."""
+    op = report.get("official_pairs", {})
+    vs_dance, vs_today = op.get("branchgrpo_official - dancegrpo"), op.get("branchgrpo_official - branchgrpo")
+    today = difference(report, "branchgrpo", "dancegrpo")
+    if vs_dance is None or vs_today is None or today is None:
+        return None
+    d, t = vs_dance["final"], vs_today["final"]
+    if d["lo"] > 0:
+        reading = "together they reverse the gap"
+    elif d["hi"] >= 0:
+        reading = "together they close the gap (not separated from DanceGRPO)"
+    elif t["lo"] > 0:
+        reading = "together they narrow the gap without closing it"
+    else:
+        reading = "together they do not close it"
+    n, planned = len(vs_dance["seeds"]), len(report["protocol"]["reported_seeds"])
+    interim = (
+        f"Interim ({n} of {planned} reported seeds; read nothing into it until all have run): " if n < planned else ""
+    )
+    text = (
+        f"{interim}BranchGRPO's gap to DanceGRPO: today's `branchgrpo` ends {_ci(today)} against DanceGRPO; "
+        f"all the official code's settings together (`branchgrpo_official`, at "
+        f"{report['methods']['branchgrpo_official']['lr']:g}, its sweep's rate) end {_ci(d)} against DanceGRPO "
+        f"({'resolved' if d['resolved'] else 'not resolved'}) and {_ci(t)} against today's preset "
+        f"({'resolved' if t['resolved'] else 'not resolved'}), over {n} paired seeds: {reading}."
+    )
+    sc = report.get("screen")
+    if not sc:
+        return text
+    branch = {arm: a for arm, a in sc["arms"].items() if a["base"] == "branchgrpo"}
+    # each arm and rate screened on every seed, by how far its lowest final lies from the target
+    margins = {
+        (arm, rate): min(row["final"]["arm_per_seed"]) - sc["target"]
+        for arm, a in branch.items()
+        for rate, row in a["rates"].items()
+        if len(row["final"]["arm_per_seed"]) == len(sc["seeds"])
+    }
+    closing = [f"`{arm}` at {rate}" for (arm, rate), m in margins.items() if m >= 0]
+    text += (
+        f" In the screen ({len(sc['seeds'])} seeds per rate), "
+        + (" and ".join(closing) if closing else "no setting, alone or together,")
+        + f" ends at or above DanceGRPO's sweep plateau ({sc['target']:.4f}) on every seed at one rate"
+    )
+    if margins and not closing:
+        (arm, rate), m = max(margins.items(), key=lambda kv: kv[1])
+        finals = branch[arm]["rates"][rate]["final"]["arm_per_seed"]
+        text += f" (the nearest: `{arm}` at {rate}, {', '.join(f'{v:.4f}' for v in finals)}; its lowest {m:+.4f})"
+    text += "."
+    for rate in sorted({f"{lr:g}" for rates in SCREEN_RATES_ADDED.values() for lr in rates}):
+        drops = {arm: a["rates"][rate]["drop"] for arm, a in branch.items() if rate in a["rates"]}
+        if not drops:
+            continue
+        base = next(iter(drops.values()))
+        base_drops = [v - dv for v, dv in zip(base["arm_per_seed"], base["diffs"])]
+        steady = [arm for arm, row in drops.items() if all(v <= COLLAPSE_DROP for v in row["arm_per_seed"])]
+
+        def shown(values: list[float]) -> str:
+            return ", ".join(f"{v:.3f}" for v in values)
+
+        text += (
+            f" At {rate}, steady on every seed (the final within {COLLAPSE_DROP} of the peak): "
+            + (", ".join(f"`{arm}` (drops {shown(drops[arm]['arm_per_seed'])})" for arm in steady) or "no arm")
+            + f"; today's preset drops {shown(base_drops)}."
+        )
+    return text
 
 
 def claims(report: dict[str, Any], seed: int = 0) -> list[dict[str, Any]]:
@@ -224,6 +313,15 @@ def _cell(row: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
     return f"{(row['arm'] - row['base']) * scale:+.{digits}f} ({diffs}; {row['direction']})"
 
 
+def _t_cell(row: dict[str, Any], quantity: str) -> str:
+    """A paired t interval (compute in thousands of units) and whether it excludes 0; "—" without one."""
+    if "t" not in row:
+        return "—"
+    scale, digits = (1e-3, 1) if quantity == "units_to_target" else (1.0, 3)
+    t = {k: row["t"][k] * scale for k in ("mean", "lo", "hi")}
+    return f"{_ci(t, digits)} ({'resolved' if row['resolved'] else 'not resolved'})"
+
+
 def _interval(o: dict[str, Any], fmt: str, unit: str = "") -> str:
     """``mean [lo, hi]``; "n/a" for a missing mean and no brackets for a missing interval."""
     if o.get("mean") is None:
@@ -268,29 +366,27 @@ def tables(report: dict[str, Any]) -> list[str]:
                 lines.append(f"| {arm} | {rate} | " + " | ".join(cells) + " |")
             pooled = a["pooled"]
             if pooled and pooled["n"] > 2:
-                cells = []
-                for q in QUANTITIES:
-                    row = pooled[q]
-                    if "t" not in row:
-                        cells.append("—")
-                        continue
-                    scale = 1e-3 if q == "units_to_target" else 1.0
-                    t = {k: row["t"][k] * scale for k in ("mean", "lo", "hi")}
-                    cells.append(
-                        f"{_ci(t, 1 if q == 'units_to_target' else 3)} ({'resolved' if row['resolved'] else 'not resolved'})"
-                    )
+                cells = [_t_cell(pooled[q], q) for q in QUANTITIES]
                 lines.append(f"| {arm} | pooled ({pooled['n']} pairs) | " + " | ".join(cells) + " |")
     op = report.get("official_pairs")
     if op:
         lines += [
             "",
-            "| official preset minus (paired, reported seeds) | seeds | final reward | |",
-            "|---|---|---|---|",
+            "The official presets at their chosen rates against their base preset and DanceGRPO, paired by "
+            "reported seed: the final reward with the 95% bootstrap interval of every paired final in this "
+            "report; the peak, the drop after it and the compute to DanceGRPO's target (thousands of units, "
+            "censored at the budget) with the paired t 95% interval of the screen's pooled rows.",
+            "",
+            "| official preset minus | seeds | final reward | peak | drop after the peak | compute to target (k) |",
+            "|---|---|---|---|---|---|",
         ]
         for key, d in op.items():
-            lines.append(
-                f"| {key} | {len(d['seeds'])} | {_ci(d['final'], 4)} | {'resolved' if d['final']['resolved'] else 'not resolved'} |"
-            )
+            final = f"{_ci(d['final'], 4)} ({'resolved' if d['final']['resolved'] else 'not resolved'})"
+            rest = [_t_cell(d["quantities"][q], q) if "quantities" in d else "—" for q in QUANTITIES[1:]]
+            lines.append(f"| {key} | {len(d['seeds'])} | {final} | " + " | ".join(rest) + " |")
+        said = gap(report)
+        if said:
+            lines += ["", said]
     cl = report.get("claims")
     if cl:
         lines += [

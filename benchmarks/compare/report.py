@@ -273,6 +273,12 @@ def summarise(
         for key, diff in pairs(methods, (m, other), seed).items()
     }
     if goals is not None:
+        # the rest of the screen's reading for each official pair: peak, drop and compute to DanceGRPO's target
+        for key, diff in report["official_pairs"].items():
+            rates = {m: methods[m]["lr"] for m in key.split(" - ")}
+            diff["quantities"] = fidelity.paired_quantities(
+                cache, rates, diff["seeds"], budget, goals["dancegrpo"]["reward"]
+            )
         chosen = {m: sweeps[m].chosen for m in ("branchgrpo", "dancegrpo") if m in sweeps}
         report["screen"] = fidelity.screen(cache, budget, goals["dancegrpo"]["reward"], chosen)
     report["claims"] = fidelity.claims(report, seed)

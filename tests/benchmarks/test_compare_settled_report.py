@@ -44,6 +44,7 @@ LEVEL = {
     ("branchgrpo", 1e-5): 0.70,
     ("branchgrpo", 1e-4): 0.60,
     ("branchgrpo", 3e-4): 0.55,
+    ("branchgrpo", 3e-5): 0.66,  # the screen's added rate
     ("treegrpo_softmax", 1e-4): 0.79,
     ("branchgrpo_pruned", 1e-5): 0.69,
     ("branchgrpo_mix", 1e-5): 0.74,
@@ -65,7 +66,7 @@ LEVEL = {
             ("branchgrpo_updates", 0.70),
             ("branchgrpo_equal_weight", 0.70),
         )
-        for lr in (1e-5, 1e-4)
+        for lr in (1e-5, 3e-5, 1e-4)
     },
 }
 RISING = {"dancegrpo", "flowgrpo", "branchgrpo"}  # linear to the end; the others level off at half the budget
@@ -164,6 +165,9 @@ def test_the_settled_design_is_complete_with_its_extension_and_official_presets(
     )
     assert diff["final"]["mean"] == pytest.approx(expected)
     assert "branchgrpo_official - dancegrpo" in results["official_pairs"]
+    # the screen's other quantities over the same seeds: the peak difference, seed by seed
+    peak = diff["quantities"]["peak"]
+    assert peak["t"]["n"] == 3 and len(peak["diffs"]) == 3
     assert results["curve_pair"]["pair"].startswith("treegrpo") and len(results["curve_pair"]["seeds"]) == 5
 
 
@@ -192,6 +196,7 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
         "| branchgrpo_binary | 1e-05 |" in text
         and "| treegrpo_official_window | 0.0003 |" in text
         and "| branchgrpo_official - branchgrpo | 3 |" in text
+        and "over 3 paired seeds: together they" in text
     )
     assert "| dancegrpo | 3 |" in text and "still rising" in text
     assert report.generated_region((out / "README.md").read_text()) == saved["headline"]
