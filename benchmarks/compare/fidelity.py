@@ -179,16 +179,17 @@ def gap(report: dict[str, Any]) -> str | None:
         base = next(iter(drops.values()))
         base_drops = [v - dv for v, dv in zip(base["arm_per_seed"], base["diffs"])]
         steady = [arm for arm, row in drops.items() if all(v <= COLLAPSE_DROP for v in row["arm_per_seed"])]
-
-        def shown(values: list[float]) -> str:
-            return ", ".join(f"{v:.3f}" for v in values)
-
         text += (
             f" At {rate}, steady on every seed (the final within {COLLAPSE_DROP} of the peak): "
             + (", ".join(f"`{arm}` (drops {shown(drops[arm]['arm_per_seed'])})" for arm in steady) or "no arm")
             + f"; today's preset drops {shown(base_drops)}."
         )
     return text
+
+
+def shown(values: list[float]) -> str:
+    """Per-seed values, three decimals."""
+    return ", ".join(f"{v:.3f}" for v in values)
 
 
 def claims(report: dict[str, Any], seed: int = 0) -> list[dict[str, Any]]:
