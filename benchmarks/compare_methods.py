@@ -100,7 +100,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--reported",
         type=Path,
         default=REPORTED,
-        help="--ceiling: the comparison whose still-rising methods and chosen rates it extends (default %(default)s)",
+        help="--ceiling: the comparison whose still-rising methods and chosen rates it extends; its runs that "
+        "kept a checkpoint go on from it instead of training again (default %(default)s)",
     )
     p.add_argument(
         "--ceiling-out",
@@ -202,6 +203,23 @@ def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
     return "\n".join(lines)
 
 
+def ceiling_status(cache: RunCache, reported: RunCache) -> str:
+    """The text of ``--status --ceiling``: each still-rising method's ceiling runs done, and how many
+    of those to go extend their run in ``reported``."""
+    jobs = plan.ceiling_jobs(reported)
+    done = {spec for spec, _ in cache.finished()}
+    lines = [f"the ceilings ({cache.protocol.budget:,.0f} units), runs in {cache.folder}"]
+    for method in dict.fromkeys(s.method for s in jobs):
+        mine = [s for s in jobs if s.method == method]
+        extending = sum(s not in done and cache.start(s) is not None for s in mine)
+        lines.append(
+            f"  {method:<20} {sum(s in done for s in mine)}/{len(mine)} runs at {mine[0].lr:g}"
+            f" ({extending} to go extend a shorter run)"
+        )
+    lines.append(f"{sum(s in done for s in jobs)} of {len(jobs)} ceiling runs done")
+    return "\n".join(lines)
+
+
 def screen_status(cache: RunCache) -> str:
     """The text of ``--status --screen``: each arm's runs done."""
     jobs = plan.screen_jobs()
@@ -286,20 +304,20 @@ def write_report(
     return results
 
 
-def check_runs_folder(cache: RunCache, design: plan.Design, name: str) -> None:
+def check_runs_folder(cache: RunCache, design: plan.Design, name: str, option: str = "--out") -> None:
     """Before ``--report`` / ``--status`` alone: refuse, in one line, a folder with no runs, or with
     the runs of another design only, instead of reporting an empty comparison as under way."""
     out = cache.folder.parent
     protocols = cache.protocols()  # every record read and checked (RunRecordError names a bad one)
     if not protocols:
-        raise RunRecordError(f"no runs in {out}; check --out, or train them with --work")
+        raise RunRecordError(f"no runs in {out}; check {option}, or train them with --work")
     if asdict(design.protocol) in protocols:
         return
     designs = {**plan.DESIGNS, "quick": plan.QUICK}
     held = [n for n, d in designs.items() if asdict(d.protocol) in protocols]
     if held:
         raise RunRecordError(f"{out} holds design {held[0]}, not {name}; give --design {held[0]}")
-    raise RunRecordError(f"{out} holds runs of no known design, none of {name}; check --out and --design")
+    raise RunRecordError(f"{out} holds runs of no known design, none of {name}; check {option} and --design")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -316,12 +334,19 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
     design = plan.QUICK if args.quick else plan.CEILING if args.ceiling else plan.DESIGNS[args.design]
-    cache = RunCache(args.out, design.protocol)
-    if (args.report or args.status) and not (args.work or args.timing or args.screen):
-        name = "quick" if args.quick else "ceiling" if args.ceiling else args.design
-        check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
-    args.out.mkdir(parents=True, exist_ok=True)
+    # a ceiling run goes on from its 750k run's checkpoint where that run kept one
+    cache = RunCache(args.out, design.protocol, shorter=[args.reported] if args.ceiling else [])
     reported = RunCache(args.reported, plan.FULL.protocol) if args.ceiling else None
+    if (args.report or args.status) and not (args.work or args.timing or args.screen):
+        if args.status and reported is not None:  # the ceilings' plan is read from --reported
+            check_runs_folder(reported, plan.FULL, "750k", "--reported")
+        else:
+            name = "quick" if args.quick else "ceiling" if args.ceiling else args.design
+            check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
+    if args.status and reported is not None:
+        print(ceiling_status(cache, reported))
+        return None
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.status:
         print(screen_status(cache) if args.screen else status(cache, design, variants=not args.no_variants))
         return None

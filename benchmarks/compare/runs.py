@@ -255,9 +255,11 @@ def sha256(path: Path) -> str:
 class RunCache:
     """Finished runs under ``<out>/runs``, and claims that keep two processes off the same run."""
 
-    def __init__(self, out: Path, protocol: Protocol) -> None:
+    def __init__(self, out: Path, protocol: Protocol, *, shorter: Iterable[Path] = ()) -> None:
         self.folder = out / "runs"
         self.protocol = protocol
+        # other comparisons' folders whose runs this one may extend (the ceilings extend the 750k runs)
+        self.shorter = [RunCache(folder, protocol) for folder in shorter]
         self._identities: dict[str, dict[str, Any]] = {}
 
     def path(self, spec: RunSpec) -> Path:
@@ -318,13 +320,22 @@ class RunCache:
                 yield spec, saved
 
     def start(self, spec: RunSpec) -> Start | None:
-        """The cached shorter run of ``spec`` that this protocol extends, when its checkpoint is here."""
+        """The cached shorter run of ``spec`` that this protocol extends, when its checkpoint is
+        here or in one of the :attr:`shorter` folders (this folder first)."""
+        for cache in (self, *self.shorter):
+            found = cache._shorter_run(spec, self.protocol)
+            if found is not None:
+                return found
+        return None
+
+    def _shorter_run(self, spec: RunSpec, longer: Protocol) -> Start | None:
+        """This folder's run of ``spec`` that ``longer`` extends, with the checkpoint it ended with."""
         checkpoint = self.checkpoint(spec)
         saved = self._saved(spec) if checkpoint.is_file() else None
         if saved is None:
             return None
         fields = saved.get("identity", {}).get("protocol", {})
-        if set(fields) != {f.name for f in dataclass_fields(Protocol)} or not self.protocol.extends(Protocol(**fields)):
+        if set(fields) != {f.name for f in dataclass_fields(Protocol)} or not longer.extends(Protocol(**fields)):
             return None
         if saved.get("checkpoint_sha256") != sha256(checkpoint):
             return None  # the checkpoint is not the one this record ended with (an interrupted save)

@@ -69,9 +69,9 @@ def test_an_extended_run_is_the_run_trained_straight_to_the_longer_budget(tmp_pa
     assert extended["seconds"] > short["seconds"]
 
 
-def test_only_the_checkpoint_a_record_ended_with_is_extended(tmp_path: Path) -> None:
-    spec = RunSpec("treegrpo", 3e-4, 100)
-    cache = RunCache(tmp_path, SHORT)
+def short_run(cache: RunCache, spec: RunSpec) -> None:
+    """A finished run of ``spec`` under SHORT in ``cache`` with the checkpoint it ended with (not
+    trained: :meth:`RunCache.start` reads only the record and the checkpoint's hash)."""
     cache.folder.mkdir(parents=True)
     cache.checkpoint(spec).write_bytes(b"the state the run stopped in")
     saved = {
@@ -84,6 +84,12 @@ def test_only_the_checkpoint_a_record_ended_with_is_extended(tmp_path: Path) -> 
         "curve": [{"units": 0.0}, {"units": 6_100.0}],
     }
     cache.path(spec).write_text(json.dumps(saved))
+
+
+def test_only_the_checkpoint_a_record_ended_with_is_extended(tmp_path: Path) -> None:
+    spec = RunSpec("treegrpo", 3e-4, 100)
+    cache = RunCache(tmp_path, SHORT)
+    short_run(cache, spec)
     start = RunCache(tmp_path, LONG).start(spec)
     assert start is not None and start.checkpoint == cache.checkpoint(spec) and start.seconds == 1.0
     # a save interrupted between the checkpoint and the record leaves them apart: train from the start
@@ -91,3 +97,19 @@ def test_only_the_checkpoint_a_record_ended_with_is_extended(tmp_path: Path) -> 
     assert RunCache(tmp_path, LONG).start(spec) is None
     cache.checkpoint(spec).unlink()
     assert RunCache(tmp_path, LONG).start(spec) is None
+
+
+def test_a_longer_comparison_extends_the_runs_of_the_folder_it_names(tmp_path: Path) -> None:
+    spec = RunSpec("branchgrpo_official", 3e-5, 0)
+    reported = RunCache(tmp_path / "750k", SHORT)
+    short_run(reported, spec)
+    assert RunCache(tmp_path / "1200k", LONG).start(spec) is None  # its own folder holds no run
+    start = RunCache(tmp_path / "1200k", LONG, shorter=[tmp_path / "750k"]).start(spec)
+    assert start is not None and start.checkpoint == reported.checkpoint(spec) and start.seconds == 1.0
+    # a shorter run under another spacing is not the start of this one
+    assert (
+        RunCache(
+            tmp_path / "1200k", Protocol(budget=12_000.0, evaluations=3, eval_seeds=1), shorter=[tmp_path / "750k"]
+        ).start(spec)
+        is None
+    )

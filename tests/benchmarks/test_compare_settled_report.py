@@ -6,6 +6,7 @@ not matter to it), so that the report the long runs end in cannot first fail whe
 
 from __future__ import annotations
 
+import inspect
 import json
 import statistics
 from pathlib import Path
@@ -169,6 +170,19 @@ def test_the_settled_design_is_complete_with_its_extension_and_official_presets(
     peak = diff["quantities"]["peak"]
     assert peak["t"]["n"] == 3 and len(peak["diffs"]) == 3
     assert results["curve_pair"]["pair"].startswith("treegrpo") and len(results["curve_pair"]["seeds"]) == 5
+
+
+def test_the_ceilings_extend_every_method_still_rising_official_presets_included(settled) -> None:
+    results, out = settled
+    methods = results["methods"]
+    # the planner extends what the report calls still rising (the scaled curves' wobble makes an
+    # official preset one of them), at the chosen rate, on the ceiling's seeds
+    rising = [m for m in plan.CEILING_ORDER if methods[m]["plateau"]["verdict"] == "still rising"]
+    assert {"dancegrpo", "flowgrpo", "branchgrpo"} <= set(rising) and set(rising) & set(OFFICIAL)
+    jobs = plan.ceiling_jobs(RunCache(out, PROTOCOL), DESIGN)
+    assert jobs == [RunSpec(m, methods[m]["lr"], s) for m in rising for s in plan.CEILING.report_seeds]
+    assert set(OFFICIAL) <= set(plan.CEILING_ORDER)
+    assert inspect.signature(plan.ceiling_jobs).parameters["design"].default is plan.SETTLED
 
 
 def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(settled) -> None:

@@ -87,3 +87,17 @@ def test_report_with_another_design_names_the_one_the_folder_holds(copy: Path, c
     record.write_text(json.dumps(saved))
     line = _error(capsys, "--status", "--out", str(copy))
     assert line == f"error: {copy} holds runs of no known design, none of 750k; check --out and --design", line
+
+
+def test_status_of_the_ceilings_before_their_runs_plans_them_from_the_reported_folder(tmp_path: Path, capsys) -> None:
+    import compare_methods
+
+    out = tmp_path / "ceilings"
+    compare_methods.main(["--status", "--ceiling", "--reported", str(REPORTED.parent), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert f"the ceilings (1,200,000 units), runs in {out / 'runs'}" in text
+    for method, lr in (("dancegrpo", "0.0003"), ("flowgrpo", "0.001"), ("branchgrpo", "1e-05")):
+        assert f"  {method:<20} 0/5 runs at {lr} (0 to go extend a shorter run)" in text  # no checkpoints in git
+    assert "ceiling runs done" in text and not out.exists()
+    line = _error(capsys, "--status", "--ceiling", "--reported", str(tmp_path / "none"), "--out", str(out))
+    assert line == f"error: no runs in {tmp_path / 'none'}; check --reported, or train them with --work", line
