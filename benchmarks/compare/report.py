@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import fidelity, plan, settle, stats
-from .methods import VARIANT_OF, RunSpec, description
+from .methods import HEADLINE, VARIANT_OF, RunSpec, description
 from .plan import CEILING, Design, curve, sweeps_of, targets
 from .runs import Run, RunCache
 
@@ -322,12 +322,14 @@ def headline_sentence(report: dict[str, Any]) -> str:
         )
     n = min(report["methods"]["treegrpo"]["n"], *(report["methods"][p.split()[0]]["n"] for p in parts))
     over = f"{n}" if len(set(counts)) <= 1 else f"{min(counts)} to {max(counts)}"
-    interim = (
-        ""
-        if report["complete"]
-        else f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired "
-        "seeds trained; read nothing into it until it completes): "
-    )
+    interim = ""
+    if not report["complete"] and n < len(report["protocol"]["reported_seeds"]):
+        interim = (
+            f"Interim, the comparison is under way ({n} of {len(report['protocol']['reported_seeds'])} paired "
+            "seeds trained; read nothing into it until it completes): "
+        )
+    elif not report["complete"]:  # every reported seed is in: what is left extends a pair
+        interim = f"Interim while more seeds run ({extension_runs(report)}): "
     return (
         interim
         + (
@@ -335,6 +337,17 @@ def headline_sentence(report: dict[str, Any]) -> str:
             f"reward minus each method's, mean [95% CI] over {over} paired seeds: " + "; ".join(parts) + "."
         )
         + papers_sentence(report.get("claims") or [])
+    )
+
+
+def extension_runs(report: dict[str, Any]) -> str:
+    """What a report with every reported seed still lacks of its headline methods (the runs that
+    extend a pair to more seeds), and which numbers are final meanwhile."""
+    headline = {m for key in report["pairs"] for m in key.split(" - ")}
+    pending = [line for line in report["missing"] if line.split(":")[0] in headline]
+    return (
+        f"not run yet: {'; '.join(pending)}; the numbers of the pairs with those methods hold the seeds "
+        "trained so far, the other pairs all their paired seeds"
     )
 
 
@@ -428,6 +441,8 @@ def tables(report: dict[str, Any]) -> str:
                 "headline method has all its seeds. Read nothing into them yet.",
                 "",
             ]
+            if any(report["methods"].get(m, {}).get("n", 0) < len(p["reported_seeds"]) for m in HEADLINE)
+            else [f"**Interim** while more seeds run: {extension_runs(report)}.", ""]
         ),
         "| method | rates tried: score (plateau per sweep seed) | chosen |",
         "|---|---|---|",

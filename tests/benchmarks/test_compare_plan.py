@@ -398,3 +398,20 @@ def test_the_screens_added_rate_comes_after_its_first_runs_and_leaves_the_offici
         write(cache, RunSpec("branchgrpo_official", 3e-4, s), [0.5, 0.75, 0.2, 0.2, 0.2])
         write(cache, RunSpec("branchgrpo_official", 3e-5, s), [0.5, 0.8, 0.8, 0.8, 0.8])
     assert plan.screen_grid(cache, "branchgrpo_official") == (3e-6, 1e-5, 3e-5)
+
+
+def test_an_interim_headline_with_every_reported_seed_names_the_runs_that_extend_a_pair() -> None:
+    def pair(mean: float, lo: float, hi: float) -> dict:
+        return {"seeds": list(range(10)), "final": {"mean": mean, "lo": lo, "hi": hi, "resolved": lo > 0 or hi < 0}}
+
+    extending = {
+        "complete": False,
+        "missing": ["mixgrpo: 16 of 26 seeds not run", "branchgrpo_official: 4 of 10 seeds not run"],
+        "protocol": {"budget": 750_000.0, "reported_seeds": list(range(10))},
+        "methods": {"treegrpo": {"n": 10}, "mixgrpo": {"n": 10}, "dancegrpo": {"n": 10}},
+        "pairs": {"treegrpo - mixgrpo": pair(0.012, -0.001, 0.024), "treegrpo - dancegrpo": pair(0.034, 0.023, 0.046)},
+    }
+    text = report.headline_sentence(extending)
+    assert text.startswith("Interim while more seeds run (not run yet: mixgrpo: 16 of 26 seeds not run; the numbers")
+    assert "branchgrpo_official" not in text and "read nothing" not in text  # not a headline pair's
+    assert "over 10 paired seeds: mixgrpo +0.012 [-0.001, +0.024] (not resolved)" in text
