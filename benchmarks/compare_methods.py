@@ -41,6 +41,7 @@ from compare.runs import RunCache, RunRecordError, timing  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 REPORTED = RESULTS / "shapes_cpu_750k"
 CEILINGS = RESULTS / "shapes_cpu_1200k"
+REPORTED_DESIGN = next(name for name, design in plan.DESIGNS.items() if design is plan.FULL)
 STOP = "STOP"
 """A file of this name in ``runs/`` tells every ``--work`` process to stop after its current run."""
 
@@ -78,10 +79,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--design",
         choices=[d for d in plan.DESIGNS if d != "quick"],
-        default=next(k for k, d in plan.DESIGNS.items() if d is plan.FULL),
-        help="which fixed protocol (compare/plan.py: DESIGNS): 750k is the reported comparison's "
-        "(benchmarks/results/shapes_cpu_750k), 540k the second one's (benchmarks/results/shapes_cpu_long), "
-        "300k the first one's (benchmarks/results/shapes_cpu)",
+        default=REPORTED_DESIGN,
+        help="which fixed protocol (compare/plan.py: DESIGNS): 750k+ is the reported comparison's "
+        "(benchmarks/results/shapes_cpu_750k: the 750k design's runs, the official presets and the "
+        "TreeGRPO vs MixGRPO extension), 750k the same runs without those two, 540k the second "
+        "comparison's (benchmarks/results/shapes_cpu_long), 300k the first one's (benchmarks/results/shapes_cpu)",
     )
     p.add_argument("--no-variants", action="store_true", help="--work: leave the variants out")
     p.add_argument(
@@ -314,7 +316,10 @@ def check_runs_folder(cache: RunCache, design: plan.Design, name: str, option: s
     if asdict(design.protocol) in protocols:
         return
     designs = {**plan.DESIGNS, "quick": plan.QUICK}
-    held = [n for n, d in designs.items() if asdict(d.protocol) in protocols]
+    # designs with one protocol (750k, 750k+) read the same runs: name the reported one first
+    held = sorted(
+        (n for n, d in designs.items() if asdict(d.protocol) in protocols), key=lambda n: n != REPORTED_DESIGN
+    )
     if held:
         raise RunRecordError(f"{out} holds design {held[0]}, not {name}; give --design {held[0]}")
     raise RunRecordError(f"{out} holds runs of no known design, none of {name}; check {option} and --design")
@@ -339,7 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     reported = RunCache(args.reported, plan.FULL.protocol) if args.ceiling else None
     if (args.report or args.status) and not (args.work or args.timing or args.screen):
         if args.status and reported is not None:  # the ceilings' plan is read from --reported
-            check_runs_folder(reported, plan.FULL, "750k", "--reported")
+            check_runs_folder(reported, plan.FULL, REPORTED_DESIGN, "--reported")
         else:
             name = "quick" if args.quick else "ceiling" if args.ceiling else args.design
             check_runs_folder(cache, design, name)  # reads only: a missing --out is not created

@@ -345,10 +345,7 @@ def extension_runs(report: dict[str, Any]) -> str:
     extend a pair to more seeds), and which numbers are final meanwhile."""
     headline = {m for key in report["pairs"] for m in key.split(" - ")}
     pending = [line for line in report["missing"] if line.split(":")[0] in headline]
-    return (
-        f"not run yet: {'; '.join(pending)}; the numbers of the pairs with those methods hold the seeds "
-        "trained so far, the other pairs all their paired seeds"
-    )
+    return f"{'; '.join(pending)}; the pairs with {'it' if len(pending) == 1 else 'them'} hold the seeds so far"
 
 
 def papers_sentence(claims: list[dict[str, Any]]) -> str:

@@ -412,6 +412,6 @@ def test_an_interim_headline_with_every_reported_seed_names_the_runs_that_extend
         "pairs": {"treegrpo - mixgrpo": pair(0.012, -0.001, 0.024), "treegrpo - dancegrpo": pair(0.034, 0.023, 0.046)},
     }
     text = report.headline_sentence(extending)
-    assert text.startswith("Interim while more seeds run (not run yet: mixgrpo: 16 of 26 seeds not run; the numbers")
+    assert text.startswith("Interim while more seeds run (mixgrpo: 16 of 26 seeds not run; the pairs with it hold")
     assert "branchgrpo_official" not in text and "read nothing" not in text  # not a headline pair's
     assert "over 10 paired seeds: mixgrpo +0.012 [-0.001, +0.024] (not resolved)" in text

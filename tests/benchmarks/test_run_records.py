@@ -78,7 +78,7 @@ def test_report_on_a_missing_or_empty_folder_says_there_are_no_runs_and_creates_
 
 def test_report_with_another_design_names_the_one_the_folder_holds(copy: Path, capsys) -> None:
     line = _error(capsys, "--report", "--design", "540k", "--out", str(copy))
-    assert line == f"error: {copy} holds design 750k, not 540k; give --design 750k", line
+    assert line == f"error: {copy} holds design 750k+, not 540k; give --design 750k+", line
     record = sorted((copy / "runs").glob("*.json"))[0]
     saved = json.loads(record.read_text())
     for other in sorted((copy / "runs").glob("*.json")):
@@ -86,7 +86,7 @@ def test_report_with_another_design_names_the_one_the_folder_holds(copy: Path, c
     saved["identity"]["protocol"]["budget"] = 1.0
     record.write_text(json.dumps(saved))
     line = _error(capsys, "--status", "--out", str(copy))
-    assert line == f"error: {copy} holds runs of no known design, none of 750k; check --out and --design", line
+    assert line == f"error: {copy} holds runs of no known design, none of 750k+; check --out and --design", line
 
 
 def test_status_of_the_ceilings_before_their_runs_plans_them_from_the_reported_folder(tmp_path: Path, capsys) -> None:

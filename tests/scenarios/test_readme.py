@@ -89,7 +89,10 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
         return f"{d['mean']:.2f}x [{d['lo']:.2f}x, {d['hi']:.2f}x]"
 
     flat = saved["flattening"]
-    assert saved["complete"] and flat["method"] == "treegrpo" and flat["flat"]
+    # every headline method has its ten reported seeds (MixGRPO's extension may still be running)
+    headline = ("treegrpo", "mixgrpo", "dancegrpo", "flowgrpo", "branchgrpo")
+    assert all(saved["methods"][m]["n"] >= len(saved["protocol"]["reported_seeds"]) for m in headline)
+    assert flat["method"] == "treegrpo" and flat["flat"]
     assert "The plateau check passes at 750k." in text
     assert ", ".join(f"{y:.4f}" for y in flat["mean_reward"]) in text
     assert f"evaluation noise of {flat['evaluation_noise']:.4f}" in text
