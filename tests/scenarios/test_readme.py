@@ -175,3 +175,48 @@ def test_the_reward_table_and_the_modules_help_name_every_registered_reward() ->
     assert table == set(REWARDS), table ^ set(REWARDS)
     help_text = TreeGRPOModule.__doc__.split("reward:", 1)[1].split("tree:", 1)[0]
     assert set(re.findall(r"``(\w+)``", help_text)) == set(REWARDS)
+
+
+def test_the_fidelity_verdict_quotes_the_committed_comparison() -> None:
+    """The answer to "which ingredient closes BranchGRPO's gap" and the official TreeGRPO's reading,
+    as docs/results.md's prose states them, are what results.json holds at ten paired seeds."""
+    import json
+
+    saved = json.loads((COMPARISON / "results.json").read_text())
+    text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
+
+    def ci(d: dict, digits: int = 3) -> str:
+        return f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
+
+    def k(d: dict) -> str:
+        return f"{d['mean'] / 1000:+.1f}k [{d['lo'] / 1000:+.1f}k, {d['hi'] / 1000:+.1f}k]"
+
+    official = saved["official_pairs"]
+    assert all(len(pair["seeds"]) == 10 for pair in official.values())
+    claims = {(c["method"], c["axis"]): c for c in saved["claims"]}
+    assert claims[("branchgrpo", "compute")]["verdict"] == "contradicted"
+    assert f"Today's `branchgrpo` ends {ci(claims[('branchgrpo', 'compute')]['ours'])} against DanceGRPO" in text
+    base, dance = official["branchgrpo_official - branchgrpo"], official["branchgrpo_official - dancegrpo"]
+    peak, units = base["quantities"]["peak"]["t"], base["quantities"]["units_to_target"]["t"]
+    assert base["final"]["resolved"] and peak["lo"] > 0 and units["hi"] < 0
+    assert f"ends {ci(base['final'])} above today's preset (resolved; its peak {ci(peak)} higher" in text
+    assert f"its compute to DanceGRPO's target {k(units)} units" in text
+    assert not dance["final"]["resolved"] and f"and {ci(dance['final'])} against DanceGRPO, not resolved" in text
+    assert dance["auc"]["resolved"] and f"DanceGRPO's, {ci(dance['auc'], 4)} (resolved)" in text
+    assert saved["methods"]["branchgrpo_official"]["plateau"]["verdict"] == "still rising"
+    # the screen's reading: binary splits alone reach DanceGRPO's plateau on both seeds at 3e-5
+    arms = saved["screen"]["arms"]
+    binary = arms["branchgrpo_binary"]["rates"]["3e-05"]["final"]["arm_per_seed"]
+    target = saved["screen"]["target"]
+    assert all(f >= target for f in binary) and f"on both seeds at 3e-5 ({binary[0]:.3f} and {binary[1]:.3f})" in text
+    noise_peak = arms["branchgrpo_split_noise"]["pooled"]["peak"]["t"]
+    assert noise_peak["hi"] < 0 and f"lowers the peak (over its rates {ci(noise_peak)}, resolved)" in text
+    # TreeGRPO's official settings
+    tree, tree_dance = official["treegrpo_official - treegrpo"], official["treegrpo_official - dancegrpo"]
+    assert tree["final"]["hi"] < 0 and tree_dance["final"]["hi"] < 0
+    assert f"ends {ci(tree['final'])} below `treegrpo` and {ci(tree_dance['final'])} below DanceGRPO" in text
+    speed = claims[("treegrpo_official", "compute")]
+    assert speed["verdict"] == "contradicted" and speed["ours"]["censored"]["method"] == 10
+    assert f"{speed['ours']['mean']:.2f}x [{speed['ours']['lo']:.2f}x, {speed['ours']['hi']:.2f}x] against" in text
+    slope = saved["methods"]["treegrpo_official"]["plateau"]
+    assert slope["verdict"] == "still rising" and f"({slope['slope']:+.4f} [{slope['lo']:+.4f}," in text
