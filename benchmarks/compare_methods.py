@@ -342,12 +342,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     # a ceiling run goes on from its 750k run's checkpoint where that run kept one
     cache = RunCache(args.out, design.protocol, shorter=[args.reported] if args.ceiling else [])
     reported = RunCache(args.reported, plan.FULL.protocol) if args.ceiling else None
-    if (args.report or args.status) and not (args.work or args.timing or args.screen):
-        if args.status and reported is not None:  # the ceilings' plan is read from --reported
-            check_runs_folder(reported, plan.FULL, REPORTED_DESIGN, "--reported")
-        else:
-            name = "quick" if args.quick else "ceiling" if args.ceiling else args.design
-            check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
+    if reported is not None:  # the ceilings' plan is read from --reported: an empty one plans nothing
+        check_runs_folder(reported, plan.FULL, REPORTED_DESIGN, "--reported")
+    elif (args.report or args.status) and not (args.work or args.timing or args.screen):
+        name = "quick" if args.quick else args.design
+        check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
     if args.status and reported is not None:
         print(ceiling_status(cache, reported))
         return None

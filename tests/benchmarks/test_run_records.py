@@ -99,5 +99,7 @@ def test_status_of_the_ceilings_before_their_runs_plans_them_from_the_reported_f
     for method, lr in (("dancegrpo", "0.0003"), ("flowgrpo", "0.001"), ("branchgrpo", "1e-05")):
         assert f"  {method:<20} 0/5 runs at {lr} (0 to go extend a shorter run)" in text  # no checkpoints in git
     assert "ceiling runs done" in text and not out.exists()
-    line = _error(capsys, "--status", "--ceiling", "--reported", str(tmp_path / "none"), "--out", str(out))
-    assert line == f"error: no runs in {tmp_path / 'none'}; check --reported, or train them with --work", line
+    for mode in ("--status", "--work"):  # a wrong --reported would plan no ceiling at all: refused
+        line = _error(capsys, mode, "--ceiling", "--reported", str(tmp_path / "none"), "--out", str(out))
+        assert line == f"error: no runs in {tmp_path / 'none'}; check --reported, or train them with --work", line
+        assert not out.exists()
