@@ -342,7 +342,7 @@ def headline_sentence(report: dict[str, Any]) -> str:
 
 def extension_runs(report: dict[str, Any]) -> str:
     """What a report with every reported seed still lacks of its headline methods (the runs that
-    extend a pair to more seeds), and which numbers are final meanwhile."""
+    extend a pair to more seeds), and that the pairs with those methods hold the seeds so far."""
     headline = {m for key in report["pairs"] for m in key.split(" - ")}
     pending = [line for line in report["missing"] if line.split(":")[0] in headline]
     return f"{'; '.join(pending)}; the pairs with {'it' if len(pending) == 1 else 'them'} hold the seeds so far"
