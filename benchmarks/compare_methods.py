@@ -172,6 +172,7 @@ def work(
 def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
     """The text of ``--status``."""
     now = plan.progress(cache, design, variants=variants)
+    extension = plan.extended(cache, design, now.sweeps)  # a method it extends counts to its 26 seeds
     lines = [f"{design.protocol.budget:,.0f} units per run, runs in {cache.folder}"]
     for m, sweep in now.sweeps.items():
         rates = " | ".join(
@@ -179,10 +180,9 @@ def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
             for lr, plateaus in sorted(sweep.rates.items())
         )
         chosen = "not yet" if sweep.chosen is None else f"{sweep.chosen:g}"
-        runs = [s for s in now.done if s.method == m and s.seed not in design.sweep_seeds]
-        lines.append(
-            f"  {m:<18} sweep plateaus {rates}; chosen {chosen}; reported {len(runs)}/{len(design.report_seeds)}"
-        )
+        seeds = plan.seeds_of(m, design, extension)
+        runs = [s for s in now.done if s.method == m and s.lr == sweep.chosen and s.seed in seeds]
+        lines.append(f"  {m:<18} sweep plateaus {rates}; chosen {chosen}; reported {len(runs)}/{len(seeds)}")
     if variants and design.variants:
         runs = [s for s in now.done if s.method in design.variants]
         lines.append(f"  variants: {len(runs)}/{len(design.variants) * len(design.variant_seeds)} runs")

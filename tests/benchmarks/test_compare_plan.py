@@ -352,6 +352,11 @@ def test_official_presets_and_the_extension_are_trained_after_everything_else(tm
         write(cache, RunSpec("treegrpo_official", 1e-4, s), [0.5, 0.6, 0.7, 0.7, end])
     assert plan.extended(cache, design) == {"mixgrpo": (3, 4), "treegrpo": (3, 4)}
     assert plan.seeds_of("treegrpo", design, plan.extended(cache, design)) == (0, 1, 2, 3, 4)
+    # --status counts an extended method against its own seeds, the extension's included
+    import compare_methods
+
+    text = compare_methods.status(cache, design)
+    assert "chosen 0.0003; reported 3/5" in text and "chosen 0.0001; reported 3/3" in text
     assert design.swept == ("treegrpo", "mixgrpo", "treegrpo_official")
     with pytest.raises(ValueError, match="would both tune and be reported"):
         plan.Design(sweep_seeds=(100,), extension_seeds=(100,))
