@@ -312,7 +312,9 @@ def check_runs_folder(cache: RunCache, design: plan.Design, name: str, option: s
     out = cache.folder.parent
     protocols = cache.protocols()  # every record read and checked (RunRecordError names a bad one)
     if not protocols:
-        raise RunRecordError(f"no runs in {out}; check {option}, or train them with --work")
+        # the folder --reported names is read, never trained: say which runs it wants and how to make them
+        train = "--work" if option == "--out" else f"--work --design {name} --out {out}"
+        raise RunRecordError(f"no runs in {out}; check {option}, or train them with {train}")
     if asdict(design.protocol) in protocols:
         return
     designs = {**plan.DESIGNS, "quick": plan.QUICK}

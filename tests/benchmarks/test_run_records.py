@@ -101,5 +101,8 @@ def test_status_of_the_ceilings_before_their_runs_plans_them_from_the_reported_f
     assert "ceiling runs done" in text and not out.exists()
     for mode in ("--status", "--work"):  # a wrong --reported would plan no ceiling at all: refused
         line = _error(capsys, mode, "--ceiling", "--reported", str(tmp_path / "none"), "--out", str(out))
-        assert line == f"error: no runs in {tmp_path / 'none'}; check --reported, or train them with --work", line
+        assert line == (
+            f"error: no runs in {tmp_path / 'none'}; check --reported, or train them with "
+            f"--work --design 750k+ --out {tmp_path / 'none'}"
+        ), line
         assert not out.exists()
