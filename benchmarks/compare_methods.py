@@ -172,7 +172,7 @@ def work(
 def status(cache: RunCache, design: plan.Design, variants: bool = True) -> str:
     """The text of ``--status``."""
     now = plan.progress(cache, design, variants=variants)
-    extension = plan.extended(cache, design, now.sweeps)  # a method it extends counts to its 26 seeds
+    extension = plan.extended(cache, design, now.sweeps)  # an extended method counts its extension seeds too
     lines = [f"{design.protocol.budget:,.0f} units per run, runs in {cache.folder}"]
     for m, sweep in now.sweeps.items():
         rates = " | ".join(
