@@ -227,6 +227,7 @@ def summarise(
             "batch_size": design.protocol.batch_size,
             "sweep_seeds": list(design.sweep_seeds),
             "reported_seeds": list(design.report_seeds),
+            "extension_seeds": {m: list(seeds) for m, seeds in extension.items()},
             "variant_seeds": list(design.variant_seeds),
             "selection_rule": "the rate with the highest mean minus one sd, over the sweep seeds, of each run's "
             "plateau (mean of its last three evaluations); a best rate at a grid edge moves the "
@@ -416,13 +417,30 @@ def timing_table(t: dict[str, Any]) -> list[str]:
     return lines
 
 
+def extension_note(extension: dict[str, list[int]]) -> str:
+    """'; mixgrpo and treegrpo also seeds 10-25 (...)': the methods a pre-registered extension gave
+    more reported seeds, for the header (older results.json files have none)."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for method, seeds in extension.items():
+        groups.setdefault(tuple(seeds), []).append(method)
+    parts = []
+    for seeds, methods in groups.items():
+        consecutive = len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+        parts.append(
+            f"{' and '.join(methods)} also seeds {f'{seeds[0]}-{seeds[-1]}' if consecutive else ', '.join(map(str, seeds))}"
+        )
+    return "".join(f"; {part} (the pair's pre-registered extension)" for part in parts)
+
+
 def tables(report: dict[str, Any]) -> str:
     """report.md: the sweep, the comparison, the pairs, time to target and timing, from the JSON."""
     p = report["protocol"]
     lines = [
         f"Budget {p['budget']:,.0f} compute units per run; held-out reward of 36 prompts x {p['evaluation']['seeds_per_prompt']} "
         f"seeds; sweep seeds {', '.join(map(str, p['sweep_seeds']))}; reported seeds "
-        f"{', '.join(map(str, p['reported_seeds']))}; mean [95% bootstrap CI] over seeds."
+        f"{', '.join(map(str, p['reported_seeds']))}"
+        + extension_note(p.get("extension_seeds", {}))
+        + "; mean [95% bootstrap CI] over seeds."
         + (
             " With fewer than 5 seeds the intervals are too narrow to mean anything (a smoke run)."
             if len(p["reported_seeds"]) < 5

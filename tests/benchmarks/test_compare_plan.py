@@ -420,3 +420,15 @@ def test_an_interim_headline_with_every_reported_seed_names_the_runs_that_extend
     assert text.startswith("Interim while more seeds run (mixgrpo: 16 of 26 seeds not run; the pairs with it hold")
     assert "branchgrpo_official" not in text and "read nothing" not in text  # not a headline pair's
     assert "over 10 paired seeds: mixgrpo +0.012 [-0.001, +0.024] (not resolved)" in text
+
+
+def test_the_header_names_the_seeds_an_extension_added() -> None:
+    same = {"mixgrpo": list(range(10, 26)), "treegrpo": list(range(10, 26))}
+    assert (
+        report.extension_note(same) == "; mixgrpo and treegrpo also seeds 10-25 (the pair's pre-registered extension)"
+    )
+    assert report.extension_note({"mixgrpo": [10, 12], "treegrpo": [10]}) == (
+        "; mixgrpo also seeds 10, 12 (the pair's pre-registered extension)"
+        "; treegrpo also seeds 10 (the pair's pre-registered extension)"
+    )
+    assert report.extension_note({}) == ""  # a results.json from before the extension

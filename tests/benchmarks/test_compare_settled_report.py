@@ -170,6 +170,11 @@ def test_the_settled_design_is_complete_with_its_extension_and_official_presets(
     peak = diff["quantities"]["peak"]
     assert peak["t"]["n"] == 3 and len(peak["diffs"]) == 3
     assert results["curve_pair"]["pair"].startswith("treegrpo") and len(results["curve_pair"]["seeds"]) == 5
+    # the header names the extension's seeds beside the protocol's reported seeds
+    assert results["protocol"]["extension_seeds"] == {"mixgrpo": [3, 4], "treegrpo": [3, 4]}
+    assert "reported seeds 0, 1, 2; mixgrpo and treegrpo also seeds 3, 4 (the pair's pre-registered extension);" in (
+        report.tables(results)
+    )
 
 
 def test_the_ceilings_extend_every_method_still_rising_official_presets_included(settled) -> None:
