@@ -166,6 +166,7 @@ def ceiling_runs(folder: Path, chosen: dict[str, float | None], seed: int = 0) -
             budget = CEILING.protocol.budget
             out[method] = {
                 "n": len(done),
+                "planned": len(CEILING.report_seeds),
                 "seeds": [s for s, _ in done],
                 "final": stats.bootstrap([stats.at(c, budget) for c in curves], seed=seed),
                 "last_three": stats.bootstrap([stats.plateau(c) for c in curves], seed=seed),

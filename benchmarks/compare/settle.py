@@ -33,19 +33,11 @@ def ceiling(m: dict[str, Any], longer: dict[str, Any] | None) -> dict[str, Any]:
         return {"budget": m["plateau"]["to_units"], "reward": m["last_three"], "verdict": "plateau"}
     if longer is None:
         return {"budget": None, "reward": None, "verdict": "still rising, no longer runs"}
+    # n of planned: the ceiling's runs so far (a report written while they run says how many)
+    seeds = {"n": longer["n"], "planned": longer["planned"]}
     if longer["plateau"]["verdict"] != "still rising":
-        return {
-            "budget": longer["plateau"]["to_units"],
-            "reward": longer["last_three"],
-            "verdict": "plateau",
-            "n": longer["n"],
-        }
-    return {
-        "budget": longer["plateau"]["to_units"],
-        "reward": longer["final"],
-        "verdict": "above at the cap",
-        "n": longer["n"],
-    }
+        return {"budget": longer["plateau"]["to_units"], "reward": longer["last_three"], "verdict": "plateau", **seeds}
+    return {"budget": longer["plateau"]["to_units"], "reward": longer["final"], "verdict": "above at the cap", **seeds}
 
 
 def seconds_per_unit(timing: dict[str, Any] | None, method: str) -> float | None:
@@ -239,6 +231,14 @@ def _x(d: dict[str, Any] | None) -> str:
     return f"{d['mean']:.2f}x [{lo}, {hi}]"
 
 
+def _ceiling_seeds(c: dict[str, Any]) -> str:
+    """' (5 seeds)' for a ceiling from longer runs, ' (2 of 5 seeds so far)' while they run; '' for
+    a plateau at this budget (its seeds are the table's)."""
+    if "n" not in c:
+        return ""
+    return f" ({c['n']} seeds)" if c["n"] >= c["planned"] else f" ({c['n']} of {c['planned']} seeds so far)"
+
+
 def tables(report: dict[str, Any]) -> list[str]:
     """The verdict's tables (Markdown lines), from ``results.json``."""
     methods, lines = report["methods"], []
@@ -259,9 +259,9 @@ def tables(report: dict[str, Any]) -> list[str]:
             if c["reward"] is None:
                 cell = "not measured yet (" + c["verdict"] + ")"
             elif c["verdict"] == "plateau":
-                cell = f"{_ci(c['reward'])} at {_k(c['budget'])}"
+                cell = f"{_ci(c['reward'])} at {_k(c['budget'])}" + _ceiling_seeds(c)
             else:
-                cell = f"above {c['reward']['mean']:.3f} at the {_k(c['budget'])} cap ({c['n']} seeds)"
+                cell = f"above {c['reward']['mean']:.3f} at the {_k(c['budget'])} cap" + _ceiling_seeds(c)
             slope = {"mean": p["slope"], "lo": p["lo"], "hi": p["hi"]}
             lines.append(f"| {m} | {p['n']} | {_ci(slope, 4, '+')} | {p['verdict']} | {cell} |")
     mult = report.get("multiplicity")

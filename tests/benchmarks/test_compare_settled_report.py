@@ -141,6 +141,9 @@ def settled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     n = plan.CEILING.protocol.evaluations
     for s in plan.CEILING.report_seeds:
         write(ceiling, RunSpec("dancegrpo", 3e-4, s), [0.63 + 0.16 * min(1.0, 2 * i / n) for i in range(n + 1)])
+    # BranchGRPO's ceiling runs are under way: two of its five seeds, still rising at the cap
+    for s in plan.CEILING.report_seeds[:2]:
+        write(ceiling, RunSpec("branchgrpo", 1e-5, s), [0.60 + 0.002 * s + 0.004 * i for i in range(n + 1)])
     (out / "timing.json").write_text(json.dumps(timing()))
     marked = f"before\n{report.BEGIN}\nold\n{report.END}\nafter\n"
     docs = [out / "results.md", out / "README.md"]
@@ -198,6 +201,13 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     assert methods["dancegrpo"]["ceiling"]["reward"]["mean"] == pytest.approx(0.79)
     assert methods["treegrpo"]["ceiling"]["verdict"] == "plateau"  # flat at this budget already
     assert methods["flowgrpo"]["ceiling"]["verdict"] == "still rising, no longer runs"
+    # a ceiling says how many of its planned seeds it holds, and "so far" while they run
+    branch = methods["branchgrpo"]["ceiling"]
+    assert branch["verdict"] == "above at the cap" and (branch["n"], branch["planned"]) == (2, 5)
+    text = report.tables(results)
+    assert f"| above {branch['reward']['mean']:.3f} at the 1200k cap (2 of 5 seeds so far) |" in text
+    [dance] = [row for row in text.splitlines() if row.startswith("| dancegrpo |") and "| still rising |" in row]
+    assert dance.endswith(" at 1200k (5 seeds) |")
     binary = results["screen"]["arms"]["branchgrpo_binary"]["rates"]["1e-05"]
     assert binary["final"]["direction"] == "up" and binary["final"]["arm"] == pytest.approx(
         statistics.fmean(final("branchgrpo_binary", 1e-5, SCREEN_SEEDS))
