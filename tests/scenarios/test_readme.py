@@ -78,6 +78,10 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     what benchmarks/results/shapes_cpu_750k/results.json holds, verdicts included: a rerun that
     moves them must rewrite the prose too."""
     import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from compare import settle, stats
 
     saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
@@ -89,28 +93,86 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
         return f"{d['mean']:.2f}x [{d['lo']:.2f}x, {d['hi']:.2f}x]"
 
     flat = saved["flattening"]
-    # every headline method has its ten reported seeds (MixGRPO's extension may still be running)
+    # every headline method has its ten reported seeds, TreeGRPO and MixGRPO the extension's 26
     headline = ("treegrpo", "mixgrpo", "dancegrpo", "flowgrpo", "branchgrpo")
-    assert all(saved["methods"][m]["n"] >= len(saved["protocol"]["reported_seeds"]) for m in headline)
+    assert saved["complete"] and [saved["methods"][m]["n"] for m in headline] == [26, 26, 10, 10, 10]
     assert flat["method"] == "treegrpo" and flat["flat"]
     assert "The plateau check passes at 750k." in text
     assert ", ".join(f"{y:.4f}" for y in flat["mean_reward"]) in text
     assert f"evaluation noise of {flat['evaluation_noise']:.4f}" in text
-    final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("mixgrpo", "flowgrpo", "dancegrpo", "branchgrpo")}
-    assert not final["mixgrpo"]["resolved"] and not final["flowgrpo"]["resolved"]
+    methods = saved["methods"]
+    # the pre-registered pair: t (the verdict) and bootstrap intervals, Holm, seeds ahead, what it is made of
+    pair = saved["pairs"]["treegrpo - mixgrpo"]
+    t, boot = pair["final_t"], pair["final"]
+    assert len(pair["seeds"]) == 26 and t["holm"] and t["lo"] > 0 and boot["resolved"]
     assert (
-        f"{ci(final['mixgrpo'])} over MixGRPO and {ci(final['flowgrpo'])} over Flow-GRPO, over 10 paired seeds, "
-        "both not resolved" in text
+        f"TreeGRPO ends above MixGRPO, over 26 paired seeds: {ci(t, 4)} (paired t, p = {t['p']:.4f}, resolved "
+        f"after Holm's correction over the ten pairs; bootstrap {ci(boot, 4)})" in text
+    )
+    ahead = sum(a > b for a, b in zip(methods["treegrpo"]["final_per_seed"], methods["mixgrpo"]["final_per_seed"]))
+    assert f"TreeGRPO is ahead on {ahead} of the 26 seeds" in text
+    first_ten = stats.paired_t(methods["treegrpo"]["final_per_seed"][:10], methods["mixgrpo"]["final_per_seed"][:10])
+    assert first_ten["lo"] < 0 < first_ten["hi"] and f"at its first ten seeds the pair was {ci(first_ten, 4)}" in text
+    assert f"about {100 * t['mean'] / methods['mixgrpo']['final']['mean']:.1f}% of the reward" in text
+    assert f"({ci(methods['treegrpo']['final'], sign='')} against {ci(methods['mixgrpo']['final'], sign='')})" in text
+    assert f"best evaluations are level ({ci(methods['treegrpo']['peak'], sign='')} and " in text
+    assert f"{ci(methods['mixgrpo']['peak'], sign='')})" in text
+    assert (
+        f"MixGRPO gives back {ci(methods['mixgrpo']['drop'], sign='')} and TreeGRPO "
+        f"{ci(methods['treegrpo']['drop'], sign='')}" in text
+    )
+    ceilings = [methods[m]["ceiling"] for m in ("treegrpo", "mixgrpo")]
+    assert all(c["verdict"] == "plateau" and c["budget"] == 750_000 for c in ceilings)
+    assert f"750k plateaus, {ci(ceilings[0]['reward'], sign='')} and {ci(ceilings[1]['reward'], sign='')}" in text
+    seconds = saved["seconds"]["pairs"]["treegrpo - mixgrpo"]["final"]
+    assert seconds["resolved"] and f"At equal seconds the lead holds: {ci(seconds, 4)} (resolved)" in text
+    final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("flowgrpo", "dancegrpo", "branchgrpo")}
+    assert not final["flowgrpo"]["resolved"] and len(saved["pairs"]["treegrpo - flowgrpo"]["seeds"]) == 10
+    flow_seconds = saved["seconds"]["pairs"]["treegrpo - flowgrpo"]["final"]
+    assert flow_seconds["resolved"]
+    assert (
+        f"{ci(final['flowgrpo'])} over 10 paired seeds, not resolved (in seconds {ci(flow_seconds, 4)}, resolved)"
+        in text
     )
     for other in ("dancegrpo", "branchgrpo"):
         assert final[other]["resolved"] and f"({ci(final[other])}, resolved)" in text, other
     mix_flow = saved["pairs"]["mixgrpo - flowgrpo"]["final"]
     assert not mix_flow["resolved"] and f"({ci(mix_flow)}, not resolved)" in text
-    auc = saved["pairs"]["treegrpo - mixgrpo"]["auc"]
-    assert not auc["resolved"] and f"MixGRPO's is {ci(auc, 4)}, not resolved" in text
+    # over the budget: the AUC, where each leads along the curve, the crossing, the fixed levels
+    auc = pair["auc"]
+    assert auc["resolved"] and auc["hi"] < 0 and f"MixGRPO's is {ci(auc, 4)}, resolved" in text
+    auc_ten = stats.paired_difference(methods["treegrpo"]["auc_per_seed"][:10], methods["mixgrpo"]["auc_per_seed"][:10])
+    assert not auc_ten["resolved"] and f"(at ten seeds {ci(auc_ten, 4)}, not resolved)" in text
+    (lead_mix, *_), lead_tree = settle.leads(saved["curve_pair"]), settle.leads(saved["curve_pair"])[-1]
+    assert lead_mix[0] == "mixgrpo" and lead_tree[0] == "treegrpo" and lead_tree[2] == 750_000
+    cross = saved["curve_pair"]
+    assert (
+        f"MixGRPO leads (the paired t interval excludes 0) from {lead_mix[1] / 1000:.0f}k to {lead_mix[2] / 1000:.0f}k "
+        f"units; the mean curves cross at {cross['crossing'] / 1000:.0f}k units [{cross['crossing_lo'] / 1000:.0f}k, "
+        f"{cross['crossing_hi'] / 1000:.0f}k], and TreeGRPO leads from {lead_tree[1] / 1000:.0f}k to the budget" in text
+    )
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        f"TreeGRPO's mean reward over the budget (AUC) minus MixGRPO's is {ci(auc)} (resolved), and the curves "
+        f"cross at {cross['crossing'] / 1000:.0f}k units" in readme
+    )
+    at = {m: methods[m]["at_units"] for m in ("treegrpo", "mixgrpo")}
+    assert f"({at['mixgrpo']['187500']['mean']:.3f} against {at['treegrpo']['187500']['mean']:.3f} at 187.5k" in text
+    assert (
+        f"({at['mixgrpo']['375000']['mean']:.3f} at 375k, {at['mixgrpo']['562500']['mean']:.3f} at 562.5k, "
+        f"{at['mixgrpo']['750000']['mean']:.3f} at 750k); TreeGRPO climbs slower "
+        f"({at['treegrpo']['375000']['mean']:.3f} at 375k, {at['treegrpo']['562500']['mean']:.3f} at 562.5k)" in text
+    )
+    level = {k: saved["level_targets"][k]["speedups"]["treegrpo vs mixgrpo"] for k in ("0.75", "0.775", "0.79")}
+    assert level["0.75"]["compute"]["holm"] and level["0.75"]["compute"]["hi"] < 1
+    assert f"speed-up {times(level['0.75']['compute'])}, resolved after Holm" in text
+    assert not level["0.775"]["compute"]["holm"] and not level["0.79"]["compute"]["holm"]
+    assert f"({times(level['0.775']['compute'])} and {times(level['0.79']['compute'])})" in text
+    slower = [level[k]["seconds"] for k in ("0.75", "0.775", "0.79")]
+    assert all(x["hi"] < 1 for x in slower)
+    assert f"{times(slower[0])}, {times(slower[1])} and {times(slower[2])}" in " ".join(text.split())
     auc = saved["pairs"]["treegrpo - flowgrpo"]["auc"]
     assert auc["resolved"] and f"Flow-GRPO's ({ci(auc, 4)})" in text
-    methods = saved["methods"]
     dance = {m: methods[m]["compute_to_target"]["dancegrpo"] for m in ("treegrpo", "mixgrpo", "flowgrpo")}
     assert (
         f"TreeGRPO is {times(dance['treegrpo']['speedup'])} faster than DanceGRPO in compute, MixGRPO "
@@ -121,8 +183,8 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     speedup = best["treegrpo"]["speedup"]
     assert speedup["lo"] < 1 < speedup["hi"] and f"a speed-up of {times(speedup)}, not resolved" in text
     assert (
-        f"reached by {sum(best['treegrpo']['reached'])} of 10 seeds of TreeGRPO and "
-        f"{sum(best['mixgrpo']['reached'])} of 10 of MixGRPO" in text
+        f"reached by {sum(best['treegrpo']['reached'])} of 26 seeds of TreeGRPO and "
+        f"{sum(best['mixgrpo']['reached'])} of 26 of MixGRPO" in text
     )
     assert f"MixGRPO's reported seeds end at {methods['mixgrpo']['final']['mean']:.3f}" in text
     branch = methods["branchgrpo"]["at_units"]
