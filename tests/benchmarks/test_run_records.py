@@ -106,3 +106,17 @@ def test_status_of_the_ceilings_before_their_runs_plans_them_from_the_reported_f
             f"--work --design 750k+ --out {tmp_path / 'none'}"
         ), line
         assert not out.exists()
+
+
+def test_every_committed_ceiling_run_begins_as_its_750k_run_exactly() -> None:
+    """docs/benchmarks.md: a ceiling run trained from the start equals its 750k run up to 750k units
+    (same data order, noises and updates), so a longer budget changes nothing it shares. Checked
+    on every ceiling record committed, each evaluation seed's reward included."""
+    ceilings = sorted((REPO / "benchmarks" / "results" / "shapes_cpu_1200k" / "runs").glob("*.json"))
+    assert ceilings, "no ceiling run committed"
+    for path in ceilings:
+        shorter = REPORTED / path.name  # the same method, rate and seed at 750k
+        assert shorter.exists(), f"{path.name}: no 750k run of the same method, rate and seed"
+        longer = {p["units"]: p for p in json.loads(path.read_text())["curve"]}
+        points = json.loads(shorter.read_text())["curve"]
+        assert all(longer[p["units"]]["reward_per_seed"] == p["reward_per_seed"] for p in points), path.name
