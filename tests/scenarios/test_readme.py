@@ -170,7 +170,7 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     assert f"({times(level['0.775']['compute'])} and {times(level['0.79']['compute'])})" in text
     slower = [level[k]["seconds"] for k in ("0.75", "0.775", "0.79")]
     assert all(x["hi"] < 1 for x in slower)
-    assert f"{times(slower[0])}, {times(slower[1])} and {times(slower[2])}" in " ".join(text.split())
+    assert f"{times(slower[0])}, {times(slower[1])} and {times(slower[2])}" in text
     auc = saved["pairs"]["treegrpo - flowgrpo"]["auc"]
     assert auc["resolved"] and f"Flow-GRPO's ({ci(auc, 4)})" in text
     dance = {m: methods[m]["compute_to_target"]["dancegrpo"] for m in ("treegrpo", "mixgrpo", "flowgrpo")}
