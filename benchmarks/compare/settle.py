@@ -33,11 +33,17 @@ def ceiling(m: dict[str, Any], longer: dict[str, Any] | None) -> dict[str, Any]:
         return {"budget": m["plateau"]["to_units"], "reward": m["last_three"], "verdict": "plateau"}
     if longer is None:
         return {"budget": None, "reward": None, "verdict": "still rising, no longer runs"}
-    # n of planned: the ceiling's runs so far (a report written while they run says how many)
-    seeds = {"n": longer["n"], "planned": longer["planned"]}
-    if longer["plateau"]["verdict"] != "still rising":
-        return {"budget": longer["plateau"]["to_units"], "reward": longer["last_three"], "verdict": "plateau", **seeds}
-    return {"budget": longer["plateau"]["to_units"], "reward": longer["final"], "verdict": "above at the cap", **seeds}
+    # n of planned: the ceiling's runs so far (a report written while they run says how many); the
+    # slope at the cap says how far from flat a method "above X at the cap" still is
+    cap = longer["plateau"]
+    seeds = {
+        "n": longer["n"],
+        "planned": longer["planned"],
+        "slope": {"mean": cap["slope"], "lo": cap["lo"], "hi": cap["hi"]},
+    }
+    if cap["verdict"] != "still rising":
+        return {"budget": cap["to_units"], "reward": longer["last_three"], "verdict": "plateau", **seeds}
+    return {"budget": cap["to_units"], "reward": longer["final"], "verdict": "above at the cap", **seeds}
 
 
 def seconds_per_unit(timing: dict[str, Any] | None, method: str) -> float | None:
@@ -232,11 +238,12 @@ def _x(d: dict[str, Any] | None) -> str:
 
 
 def _ceiling_seeds(c: dict[str, Any]) -> str:
-    """' (5 seeds)' for a ceiling from longer runs, ' (2 of 5 seeds so far)' while they run; '' for
-    a plateau at this budget (its seeds are the table's)."""
+    """' (5 seeds; slope there +0.0040 [...])' for a ceiling from longer runs, ' (2 of 5 seeds so
+    far; ...)' while they run; '' for a plateau at this budget (its seeds and slope are the table's)."""
     if "n" not in c:
         return ""
-    return f" ({c['n']} seeds)" if c["n"] >= c["planned"] else f" ({c['n']} of {c['planned']} seeds so far)"
+    seeds = f"{c['n']} seeds" if c["n"] >= c["planned"] else f"{c['n']} of {c['planned']} seeds so far"
+    return f" ({seeds}; slope there {_ci(c['slope'], 4, '+')})"
 
 
 def tables(report: dict[str, Any]) -> list[str]:
@@ -249,7 +256,8 @@ def tables(report: dict[str, Any]) -> list[str]:
             "",
             f"Plateau test (the seed-mean curve's least-squares slope over the last third of the budget, per 100k "
             f"units, 95% bootstrap CI over seeds; still rising where the CI lies at or above {tol:g}) and ceiling "
-            "(the mean of the last three evaluations where flat; the cap's final mean where still rising there):",
+            "(the mean of the last three evaluations where flat; the cap's final mean where still rising there; "
+            "a ceiling from longer runs gives their seeds and the same test's slope at the cap):",
             "",
             "| method | seeds | slope per 100k units | verdict | ceiling |",
             "|---|---|---|---|---|",

@@ -204,10 +204,17 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     # a ceiling says how many of its planned seeds it holds, and "so far" while they run
     branch = methods["branchgrpo"]["ceiling"]
     assert branch["verdict"] == "above at the cap" and (branch["n"], branch["planned"]) == (2, 5)
+    # the cap's slope beside it: each seed's line rises 0.004 an evaluation, so every bootstrap draw
+    # of the mean does too; DanceGRPO's runs are level over the cap's last third
+    per_100k = 0.004 / (plan.CEILING.protocol.budget / plan.CEILING.protocol.evaluations) * 1e5
+    assert branch["slope"] == pytest.approx({"mean": per_100k, "lo": per_100k, "hi": per_100k})
+    assert methods["dancegrpo"]["ceiling"]["slope"] == pytest.approx({"mean": 0.0, "lo": 0.0, "hi": 0.0}, abs=1e-12)
     text = report.tables(results)
-    assert f"| above {branch['reward']['mean']:.3f} at the 1200k cap (2 of 5 seeds so far) |" in text
+    rise = f"{per_100k:+.4f}"
+    cell = f"| above {branch['reward']['mean']:.3f} at the 1200k cap (2 of 5 seeds so far; slope there {rise} [{rise}, {rise}]) |"
+    assert cell in text
     [dance] = [row for row in text.splitlines() if row.startswith("| dancegrpo |") and "| still rising |" in row]
-    assert dance.endswith(" at 1200k (5 seeds) |")
+    assert dance.endswith(" at 1200k (5 seeds; slope there +0.0000 [+0.0000, +0.0000]) |")
     binary = results["screen"]["arms"]["branchgrpo_binary"]["rates"]["1e-05"]
     assert binary["final"]["direction"] == "up" and binary["final"]["arm"] == pytest.approx(
         statistics.fmean(final("branchgrpo_binary", 1e-5, SCREEN_SEEDS))

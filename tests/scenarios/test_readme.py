@@ -124,6 +124,13 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     ceilings = [methods[m]["ceiling"] for m in ("treegrpo", "mixgrpo")]
     assert all(c["verdict"] == "plateau" and c["budget"] == 750_000 for c in ceilings)
     assert f"750k plateaus, {ci(ceilings[0]['reward'], sign='')} and {ci(ceilings[1]['reward'], sign='')}" in text
+    # a finished ceiling is quoted with its cap's slope; one still under way is not read at all
+    dance = methods["dancegrpo"]["ceiling"]
+    assert dance["verdict"] == "above at the cap" and dance["n"] == dance["planned"] == 5
+    assert (
+        f"ends above {ci(dance['reward'], sign='')} at the {dance['budget'] / 1e6:.1f}M cap and is still rising "
+        f"there ({ci(dance['slope'], 4)} per 100k units)" in text
+    )
     seconds = saved["seconds"]["pairs"]["treegrpo - mixgrpo"]["final"]
     assert seconds["resolved"] and f"At equal seconds the lead holds: {ci(seconds, 4)} (resolved)" in text
     final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("flowgrpo", "dancegrpo", "branchgrpo")}
