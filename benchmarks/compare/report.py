@@ -302,7 +302,7 @@ def verdict(diff: dict[str, Any]) -> str:
 def headline_sentence(report: dict[str, Any]) -> str:
     """The README's one sentence: TreeGRPO against every other headline method at the budget."""
     pairs_ = report["pairs"]
-    parts, counts = [], []
+    parts, counts, notes = [], [], []
     for key, diff in pairs_.items():
         a, b = key.split(" - ")
         if "treegrpo" not in (a, b):
@@ -311,11 +311,16 @@ def headline_sentence(report: dict[str, Any]) -> str:
         d = diff["final"]
         lo, hi = sorted((sign * d["lo"], sign * d["hi"]))
         counts.append(len(diff["seeds"]))
-        rising = report["methods"].get(other, {}).get("plateau", {}).get("verdict") == "still rising"
-        note = f"; {other} still rising" if rising else ""
-        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)}{note}")
+        method = report["methods"].get(other, {})
+        rising = method.get("plateau", {}).get("verdict") == "still rising"
+        ceiling = settle.finished_ceiling(method.get("ceiling"))  # a longer run's ceiling, once complete
+        note = f"; {other} still rising" + (f", {ceiling}" if ceiling else "") if rising else ""
+        parts.append(f"{other} {sign * d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict(d)}")
+        notes.append(note)
     # while runs are under way the pairs may hold different numbers of seeds: each then says its own
-    parts = [f"{p}, {c} seeds)" if len(set(counts)) > 1 else f"{p})" for p, c in zip(parts, counts)]
+    # (before the note, whose ceiling has seeds of its own)
+    each = len(set(counts)) > 1
+    parts = [f"{p}{f', {c} seeds' if each else ''}{n})" for p, c, n in zip(parts, counts, notes)]
     if not parts:
         return (
             "No result yet: the method comparison is under way and no two reported seeds have been trained "

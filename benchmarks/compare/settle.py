@@ -46,6 +46,16 @@ def ceiling(m: dict[str, Any], longer: dict[str, Any] | None) -> dict[str, Any]:
     return {"budget": cap["to_units"], "reward": longer["final"], "verdict": "above at the cap", **seeds}
 
 
+def finished_ceiling(c: dict[str, Any] | None) -> str | None:
+    """A ceiling from longer runs in a few words ("ceiling above 0.786 at the 1200k cap", "ceiling
+    0.790 at 1200k") once all its planned seeds have run; None before then, or without one."""
+    if not c or c.get("reward") is None or "n" not in c or c["n"] < c["planned"]:
+        return None
+    if c["verdict"] == "plateau":
+        return f"ceiling {c['reward']['mean']:.3f} at {_k(c['budget'])}"
+    return f"ceiling above {c['reward']['mean']:.3f} at the {_k(c['budget'])} cap"
+
+
 def seconds_per_unit(timing: dict[str, Any] | None, method: str) -> float | None:
     if timing is None or method not in timing["methods"]:
         return None

@@ -422,6 +422,32 @@ def test_an_interim_headline_with_every_reported_seed_names_the_runs_that_extend
     assert "over 10 paired seeds: mixgrpo +0.012 [-0.001, +0.024] (not resolved)" in text
 
 
+def test_the_headline_gives_a_rising_methods_ceiling_once_all_its_seeds_have_run() -> None:
+    diff = {"seeds": list(range(10)), "final": {"mean": 0.034, "lo": 0.023, "hi": 0.046, "resolved": True}}
+    rising = {"verdict": "still rising"}
+    cap = {"budget": 1.2e6, "reward": {"mean": 0.7863, "lo": 0.781, "hi": 0.791}, "verdict": "above at the cap"}
+    done = {
+        "complete": True,
+        "protocol": {"budget": 750_000.0, "reported_seeds": list(range(10))},
+        "methods": {
+            "treegrpo": {"n": 10},
+            "dancegrpo": {"n": 10, "plateau": rising, "ceiling": {**cap, "n": 5, "planned": 5}},
+            "flowgrpo": {"n": 10, "plateau": rising, "ceiling": {**cap, "n": 2, "planned": 5}},
+            "branchgrpo": {"n": 10, "plateau": rising, "ceiling": {**cap, "verdict": "plateau", "n": 5, "planned": 5}},
+            "mixgrpo": {"n": 10, "plateau": {"verdict": "flat"}, "ceiling": {**cap, "verdict": "plateau"}},
+        },
+        "pairs": {f"treegrpo - {m}": diff for m in ("dancegrpo", "flowgrpo", "branchgrpo", "mixgrpo")},
+    }
+    text = report.headline_sentence(done)
+    assert (
+        "dancegrpo +0.034 [+0.023, +0.046] (resolved; dancegrpo still rising, ceiling above 0.786 at the 1200k cap)"
+        in text
+    )
+    assert "(resolved; flowgrpo still rising)" in text  # two of five seeds: not read yet
+    assert "(resolved; branchgrpo still rising, ceiling 0.786 at 1200k)" in text
+    assert "mixgrpo +0.034 [+0.023, +0.046] (resolved)" in text  # flat at this budget: its number is its ceiling
+
+
 def test_the_header_names_the_seeds_an_extension_added() -> None:
     same = {"mixgrpo": list(range(10, 26)), "treegrpo": list(range(10, 26))}
     assert (
