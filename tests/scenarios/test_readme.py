@@ -125,12 +125,16 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     assert all(c["verdict"] == "plateau" and c["budget"] == 750_000 for c in ceilings)
     assert f"750k plateaus, {ci(ceilings[0]['reward'], sign='')} and {ci(ceilings[1]['reward'], sign='')}" in text
     # a finished ceiling is quoted with its cap's slope; one still under way is not read at all
-    dance = methods["dancegrpo"]["ceiling"]
-    assert dance["verdict"] == "above at the cap" and dance["n"] == dance["planned"] == 5
+    dance, flow = methods["dancegrpo"]["ceiling"], methods["flowgrpo"]["ceiling"]
+    assert all(c["verdict"] == "above at the cap" and c["n"] == c["planned"] == 5 for c in (dance, flow))
     assert (
         f"ends above {ci(dance['reward'], sign='')} at the {dance['budget'] / 1e6:.1f}M cap and is still rising "
         f"there ({ci(dance['slope'], 4)} per 100k units)" in text
     )
+    assert f"above {ci(flow['reward'], sign='')} at the cap and still rising there ({ci(flow['slope'], 4)})" in text
+    # Flow-GRPO's interval at its cap lies wholly above TreeGRPO's plateau's, at 1.6x its compute
+    assert flow["reward"]["lo"] > ceilings[0]["reward"]["hi"] and flow["budget"] / ceilings[0]["budget"] == 1.6
+    assert f"TreeGRPO's flat curve stays, {ci(ceilings[0]['reward'], sign='')}:" in text
     seconds = saved["seconds"]["pairs"]["treegrpo - mixgrpo"]["final"]
     assert seconds["resolved"] and f"At equal seconds the lead holds: {ci(seconds, 4)} (resolved)" in text
     final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("flowgrpo", "dancegrpo", "branchgrpo")}
