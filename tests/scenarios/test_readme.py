@@ -135,6 +135,14 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     # Flow-GRPO's interval at its cap lies wholly above TreeGRPO's plateau's, at 1.6x its compute
     assert flow["reward"]["lo"] > ceilings[0]["reward"]["hi"] and flow["budget"] / ceilings[0]["budget"] == 1.6
     assert f"TreeGRPO's flat curve stays, {ci(ceilings[0]['reward'], sign='')}:" in text
+    sooner = [
+        saved["level_targets"][k]["speedups"]["treegrpo vs flowgrpo"]["compute"] for k in ("0.75", "0.775", "0.79")
+    ]
+    assert all(x["holm"] and x["lo"] > 1 for x in sooner)
+    assert (
+        f"needs {sooner[0]['mean']:.2f}x, {sooner[1]['mean']:.2f}x and {sooner[2]['mean']:.2f}x its compute to 0.75"
+        in text
+    )
     seconds = saved["seconds"]["pairs"]["treegrpo - mixgrpo"]["final"]
     assert seconds["resolved"] and f"At equal seconds the lead holds: {ci(seconds, 4)} (resolved)" in text
     final = {o: saved["pairs"][f"treegrpo - {o}"]["final"] for o in ("flowgrpo", "dancegrpo", "branchgrpo")}
