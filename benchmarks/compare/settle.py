@@ -32,7 +32,7 @@ def ceiling(m: dict[str, Any], longer: dict[str, Any] | None) -> dict[str, Any]:
     if m["plateau"]["verdict"] != "still rising":
         return {"budget": m["plateau"]["to_units"], "reward": m["last_three"], "verdict": "plateau"}
     if longer is None:
-        return {"budget": None, "reward": None, "verdict": "still rising, no longer runs"}
+        return {"budget": None, "reward": None, "verdict": "still rising, no runs past the budget yet"}
     # n of planned: the ceiling's runs so far (a report written while they run says how many); the
     # slope at the cap says how far from flat a method "above X at the cap" still is
     cap = longer["plateau"]

@@ -200,7 +200,7 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     assert methods["dancegrpo"]["ceiling"]["verdict"] == "plateau"  # the ceiling folder's runs level off
     assert methods["dancegrpo"]["ceiling"]["reward"]["mean"] == pytest.approx(0.79)
     assert methods["treegrpo"]["ceiling"]["verdict"] == "plateau"  # flat at this budget already
-    assert methods["flowgrpo"]["ceiling"]["verdict"] == "still rising, no longer runs"
+    assert methods["flowgrpo"]["ceiling"]["verdict"] == "still rising, no runs past the budget yet"
     # a ceiling says how many of its planned seeds it holds, and "so far" while they run
     branch = methods["branchgrpo"]["ceiling"]
     assert branch["verdict"] == "above at the cap" and (branch["n"], branch["planned"]) == (2, 5)
@@ -213,6 +213,13 @@ def test_the_settled_reports_ceilings_screen_and_claims_come_from_the_records(se
     rise = f"{per_100k:+.4f}"
     cell = f"| above {branch['reward']['mean']:.3f} at the 1200k cap (2 of 5 seeds so far; slope there {rise} [{rise}, {rise}]) |"
     assert cell in text
+    # the official presets have rows too: the ceiling plan extends them like the headline methods
+    for m in OFFICIAL:
+        verdict = methods[m]["plateau"]["verdict"]
+        [row] = [r for r in text.splitlines() if r.startswith(f"| {m} | 3 |") and f"| {verdict} |" in r]
+        assert row.endswith("| not measured yet (still rising, no runs past the budget yet) |") == (
+            verdict == "still rising"
+        )
     [dance] = [row for row in text.splitlines() if row.startswith("| dancegrpo |") and "| still rising |" in row]
     assert dance.endswith(" at 1200k (5 seeds; slope there +0.0000 [+0.0000, +0.0000]) |")
     binary = results["screen"]["arms"]["branchgrpo_binary"]["rates"]["1e-05"]
