@@ -132,6 +132,13 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
         f"there ({ci(dance['slope'], 4)} per 100k units)" in text
     )
     assert f"above {ci(flow['reward'], sign='')} at the cap and still rising there ({ci(flow['slope'], 4)})" in text
+    branch_cap = methods["branchgrpo"]["ceiling"]
+    assert branch_cap["verdict"] == "above at the cap" and branch_cap["n"] == 5
+    assert branch_cap["reward"]["hi"] < ceilings[0]["reward"]["lo"]  # "still below where TreeGRPO stays"
+    assert (
+        f"above {ci(branch_cap['reward'], sign='')} at the cap and still rising there ({ci(branch_cap['slope'], 4)})"
+        in text
+    )
     # Flow-GRPO's interval at its cap lies wholly above TreeGRPO's plateau's, at 1.6x its compute
     assert flow["reward"]["lo"] > ceilings[0]["reward"]["hi"] and flow["budget"] / ceilings[0]["budget"] == 1.6
     assert f"TreeGRPO's flat curve stays, {ci(ceilings[0]['reward'], sign='')}:" in text
