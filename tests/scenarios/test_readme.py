@@ -14,6 +14,11 @@ DOCS = REPO / "docs"
 COMPARISON = REPO / "benchmarks" / "results" / "shapes_cpu_750k"  # the comparison the docs report
 
 
+def ci(d: dict, digits: int = 3, sign: str = "+") -> str:
+    """A mean and its interval as the results' prose prints them: "+0.010 [+0.003, +0.018]"."""
+    return f"{d['mean']:{sign}.{digits}f} [{d['lo']:{sign}.{digits}f}, {d['hi']:{sign}.{digits}f}]"
+
+
 def test_the_concepts_python_example_runs() -> None:
     page = DOCS / "concepts.md"
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
@@ -85,9 +90,6 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
 
     saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
-
-    def ci(d: dict, digits: int = 3, sign: str = "+") -> str:
-        return f"{d['mean']:{sign}.{digits}f} [{d['lo']:{sign}.{digits}f}, {d['hi']:{sign}.{digits}f}]"
 
     def times(d: dict) -> str:
         return f"{d['mean']:.2f}x [{d['lo']:.2f}x, {d['hi']:.2f}x]"
@@ -273,9 +275,6 @@ def test_the_fidelity_verdict_quotes_the_committed_comparison() -> None:
     saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
 
-    def ci(d: dict, digits: int = 3) -> str:
-        return f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
-
     def k(d: dict) -> str:
         return f"{d['mean'] / 1000:+.1f}k [{d['lo'] / 1000:+.1f}k, {d['hi'] / 1000:+.1f}k]"
 
@@ -292,6 +291,16 @@ def test_the_fidelity_verdict_quotes_the_committed_comparison() -> None:
     assert not dance["final"]["resolved"] and f"and {ci(dance['final'])} against DanceGRPO, not resolved" in text
     assert dance["auc"]["resolved"] and f"DanceGRPO's, {ci(dance['auc'], 4)} (resolved)" in text
     assert saved["methods"]["branchgrpo_official"]["plateau"]["verdict"] == "still rising"
+    # its ceiling beside DanceGRPO's: both still rising at the cap, intervals overlapping ("still level"),
+    # and not wholly above TreeGRPO's 750k plateau
+    cap, dance_cap = saved["methods"]["branchgrpo_official"]["ceiling"], saved["methods"]["dancegrpo"]["ceiling"]
+    assert all(c["verdict"] == "above at the cap" and c["n"] == c["planned"] == 5 for c in (cap, dance_cap))
+    assert cap["reward"]["lo"] < dance_cap["reward"]["hi"] and dance_cap["reward"]["lo"] < cap["reward"]["hi"]
+    assert cap["reward"]["lo"] < saved["methods"]["treegrpo"]["ceiling"]["reward"]["hi"]
+    assert (
+        f"`branchgrpo_official` ends above {ci(cap['reward'], sign='')} (slope there {ci(cap['slope'], 4)} per "
+        f"100k units), DanceGRPO above {ci(dance_cap['reward'], sign='')}. The two intervals overlap" in text
+    )
     # the screen's reading: binary splits alone reach DanceGRPO's plateau on both seeds at 3e-5
     arms = saved["screen"]["arms"]
     binary = arms["branchgrpo_binary"]["rates"]["3e-05"]["final"]["arm_per_seed"]
