@@ -148,17 +148,23 @@ def work(
     run whose process dies), or, without ``wait``, end then, so that a next stage starts at once.
     Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
     stop = cache.folder / STOP
+    planned_at, pending = None, []
     while True:
         if stop.exists():
             print(f"{stop} exists: stopping before the next run (delete it to go on)", flush=True)
             return
-        if ceiling_of is not None:
-            wanted = plan.ceiling_jobs(ceiling_of)
-        elif screen:
-            wanted = plan.screen_jobs()
-        else:
-            wanted = plan.jobs(cache, design, variants=variants)
-        pending = [s for s in wanted if cache.load(s) is None]
+        # planning reads every record (the ceilings' plan, every run of the comparison it extends):
+        # a waiting worker re-plans only once a record has changed, and meanwhile retries its claims
+        stamp = (cache.records_stamp(), ceiling_of.records_stamp() if ceiling_of is not None else None)
+        if stamp != planned_at:
+            planned_at = stamp
+            if ceiling_of is not None:
+                wanted = plan.ceiling_jobs(ceiling_of)
+            elif screen:
+                wanted = plan.screen_jobs()
+            else:
+                wanted = plan.jobs(cache, design, variants=variants)
+            pending = [s for s in wanted if cache.load(s) is None]
         if not pending:
             print("nothing left to train", flush=True)
             return

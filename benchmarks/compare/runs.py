@@ -289,6 +289,13 @@ class RunCache:
         """Whether a record's configuration trains what the current files train for ``spec``."""
         return training_identity(saved["config"]) == self.identity(spec)
 
+    def records_stamp(self) -> frozenset[tuple[str, int]]:
+        """Each run record's name with its modification time: a plan, which reads the records,
+        can only change when this does (claims are not records)."""
+        if not self.folder.is_dir():
+            return frozenset()
+        return frozenset((path.name, path.stat().st_mtime_ns) for path in self.folder.glob("*.json"))
+
     def protocols(self) -> list[dict[str, Any]]:
         """The protocol of every run record in the folder (read and checked, :func:`read_record`)."""
         found = []

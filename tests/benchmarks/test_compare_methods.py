@@ -171,6 +171,55 @@ def test_a_stop_file_ends_the_workers_between_runs(tmp_path: Path, monkeypatch, 
     assert not list(cache.folder.glob("*.claim"))  # the finished run's claim was released
 
 
+def test_a_waiting_worker_plans_once_and_still_takes_over_a_dead_process_run(tmp_path: Path, monkeypatch) -> None:
+    """Planning reads every record, so a worker that waits on other processes' runs re-plans only
+    when a record changes (`RunCache.records_stamp`: claims do not count); it keeps retrying its
+    claims meanwhile, so the run of a process that dies is still taken over."""
+    import subprocess
+
+    import compare_methods
+    from compare import plan
+    from compare.runs import RunCache
+
+    cache = RunCache(tmp_path, plan.QUICK.protocol)
+    cache.folder.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])
+    plans, polls, trained = [], [], []
+    jobs = plan.jobs
+
+    def counted_jobs(*args, **kwargs):
+        plans.append(1)
+        return jobs(*args, **kwargs)
+
+    def sleep(_: float) -> None:
+        polls.append(1)
+        if len(polls) == 3:  # the other process dies while this one waits
+            other.kill()
+            other.wait()
+
+    def get(spec: RunSpec, **_) -> None:
+        trained.append(spec.key)
+        (cache.folder / compare_methods.STOP).touch()
+
+    try:
+        for spec in plan.jobs(cache, plan.QUICK):
+            cache.path(spec).with_suffix(".claim").write_text(str(other.pid))
+        monkeypatch.setattr(plan, "jobs", counted_jobs)
+        monkeypatch.setattr(compare_methods.time, "sleep", sleep)
+        monkeypatch.setattr(cache, "get", get)
+        compare_methods.work(cache, plan.QUICK, poll=0.0)
+    finally:
+        other.kill()
+        other.wait()
+    assert len(polls) == 3 and len(plans) == 1  # three polls, one plan
+    assert len(trained) == 1  # the dead process's run, taken over without a new plan
+    stamp = cache.records_stamp()
+    (cache.folder / "a.claim").write_text("1")
+    assert cache.records_stamp() == stamp  # a claim is not a record
+    (cache.folder / "a.json").write_text("{}")
+    assert cache.records_stamp() != stamp  # a new record is
+
+
 def test_without_wait_a_worker_ends_when_the_runs_left_are_other_live_processes(tmp_path: Path, capsys) -> None:
     """`--work --no-wait` ends, instead of polling, once every pending run is claimed by a live process
     (here a `sleep`), so that a script's next stage starts at once; by default it keeps waiting."""
