@@ -144,6 +144,13 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     # Flow-GRPO's interval at its cap lies wholly above TreeGRPO's plateau's, at 1.6x its compute
     assert flow["reward"]["lo"] > ceilings[0]["reward"]["hi"] and flow["budget"] / ceilings[0]["budget"] == 1.6
     assert f"TreeGRPO's flat curve stays, {ci(ceilings[0]['reward'], sign='')}:" in text
+    # the README's line on the ceilings: of every method run to the cap, only Flow-GRPO's interval
+    # there lies above TreeGRPO's plateau
+    capped = {m: c["ceiling"] for m, c in methods.items() if c.get("ceiling", {}).get("budget") == 1_200_000}
+    assert len(capped) == 5 and all(c["n"] == 5 for c in capped.values())
+    assert [m for m, c in capped.items() if c["reward"]["lo"] > ceilings[0]["reward"]["hi"]] == ["flowgrpo"]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "With 1.6x the compute, only Flow-GRPO ends above TreeGRPO's plateau" in readme
     sooner = [
         saved["level_targets"][k]["speedups"]["treegrpo vs flowgrpo"]["compute"] for k in ("0.75", "0.775", "0.79")
     ]
@@ -271,6 +278,10 @@ def test_the_fidelity_verdict_quotes_the_committed_comparison() -> None:
     """The answer to "which ingredient closes BranchGRPO's gap" and the official TreeGRPO's reading,
     as docs/results.md's prose states them, are what results.json holds at ten paired seeds."""
     import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from compare import stats
 
     saved = json.loads((COMPARISON / "results.json").read_text())
     text = " ".join((DOCS / "results.md").read_text().split("<!-- end of generated -->", 1)[1].split())
@@ -317,3 +328,12 @@ def test_the_fidelity_verdict_quotes_the_committed_comparison() -> None:
     assert f"{speed['ours']['mean']:.2f}x [{speed['ours']['lo']:.2f}x, {speed['ours']['hi']:.2f}x] against" in text
     slope = saved["methods"]["treegrpo_official"]["plateau"]
     assert slope["verdict"] == "still rising" and f"({slope['slope']:+.4f} [{slope['lo']:+.4f}," in text
+    # its ceiling: flat at the cap by the slope test (interval below the tolerance's reach, estimate above
+    # it), all five seeds, and below DanceGRPO's 750k final
+    cap = saved["methods"]["treegrpo_official"]["ceiling"]
+    assert cap["verdict"] == "plateau" and cap["n"] == cap["planned"] == 5 and cap["budget"] == 1_200_000
+    assert cap["slope"]["lo"] < stats.SLOPE_TOLERANCE < cap["slope"]["mean"]
+    assert f"({ci(cap['slope'], 4)} per 100k units there:" in text
+    assert f"its last three evaluations, {ci(cap['reward'], sign='')}." in text
+    dance_final = saved["methods"]["dancegrpo"]["final"]
+    assert cap["reward"]["hi"] < dance_final["lo"] and f"750k final, {ci(dance_final, sign='')}, with 1.6x" in text
