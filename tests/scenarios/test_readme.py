@@ -150,7 +150,7 @@ def test_the_results_prose_quotes_the_committed_comparison() -> None:
     assert len(capped) == 5 and all(c["n"] == 5 for c in capped.values())
     assert [m for m, c in capped.items() if c["reward"]["lo"] > ceilings[0]["reward"]["hi"]] == ["flowgrpo"]
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert "With 1.6x the compute, only Flow-GRPO ends above TreeGRPO's plateau" in readme
+    assert "At 1.2M units only Flow-GRPO ends above TreeGRPO's 750k plateau" in readme
     sooner = [
         saved["level_targets"][k]["speedups"]["treegrpo vs flowgrpo"]["compute"] for k in ("0.75", "0.775", "0.79")
     ]
