@@ -14,6 +14,7 @@ trains. The protocol (docs/benchmarks.md) is fixed in code before any run:
     python benchmarks/compare_methods.py --status --out benchmarks/results/shapes_cpu_750k  # how far
     python benchmarks/compare_methods.py --report --design 540k --out benchmarks/results/shapes_cpu_long  # the second one
     python benchmarks/compare_methods.py --report --design 300k --out benchmarks/results/shapes_cpu  # the first one
+    python benchmarks/compare_methods.py --work --remedies --out benchmarks/results/shapes_cpu_remedies  # the remedy screen
     python benchmarks/compare_methods.py --quick --out runs/bench                      # < 10 min, 2 cores
 """
 
@@ -118,6 +119,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "one at a time, at the 750k protocol) instead of the design's",
     )
     p.add_argument(
+        "--remedies",
+        action="store_true",
+        help="--work / --status: the remedy screen's runs (plan.remedy_jobs: each remedy arm and treegrpo on two "
+        "sweep seeds at two rates, to 1.2M units) into --out (benchmarks/results/shapes_cpu_remedies)",
+    )
+    p.add_argument(
         "--docs",
         type=Path,
         nargs="*",
@@ -142,8 +149,9 @@ def work(
     screen: bool = False,
     ceiling_of: RunCache | None = None,
     wait: bool = True,
+    remedies: bool = False,
 ) -> None:
-    """Train what the plan needs (``screen``: the screen's runs; ``ceiling_of``: the ceiling runs of
+    """Train what the plan needs (``screen``: the screen's runs; ``remedies``: the remedy screen's; ``ceiling_of``: the ceiling runs of
     that comparison) until nothing is left; wait while other processes hold the rest (to take over a
     run whose process dies), or, without ``wait``, end then, so that a next stage starts at once.
     Ends after the run in hand (none lost) once ``runs/STOP`` exists."""
@@ -162,6 +170,8 @@ def work(
                 wanted = plan.ceiling_jobs(ceiling_of)
             elif screen:
                 wanted = plan.screen_jobs()
+            elif remedies:
+                wanted = plan.remedy_jobs()
             else:
                 wanted = plan.jobs(cache, design, variants=variants)
             pending = [s for s in wanted if cache.load(s) is None]
@@ -225,6 +235,21 @@ def ceiling_status(cache: RunCache, reported: RunCache) -> str:
             f" ({extending} to go extend a shorter run)"
         )
     lines.append(f"{sum(s in done for s in jobs)} of {len(jobs)} ceiling runs done")
+    return "\n".join(lines)
+
+
+def remedy_status(cache: RunCache) -> str:
+    """The text of ``--status --remedies``: each arm's runs done, per rate."""
+    jobs = plan.remedy_jobs()
+    done = {spec for spec, _ in cache.finished()}
+    lines = [f"the remedy screen ({cache.protocol.budget:,.0f} units), runs in {cache.folder}"]
+    for method in dict.fromkeys(s.method for s in jobs):
+        per_rate = " | ".join(
+            f"{lr:g}: {sum(s in done for s in jobs if s.method == method and s.lr == lr)}/{len(plan.REMEDY_SEEDS)}"
+            for lr in plan.REMEDY_RATES
+        )
+        lines.append(f"  {method:<26} {per_rate}")
+    lines.append(f"{sum(s in done for s in jobs)} of {len(jobs)} remedy-screen runs done")
     return "\n".join(lines)
 
 
@@ -346,13 +371,21 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers")
-    design = plan.QUICK if args.quick else plan.CEILING if args.ceiling else plan.DESIGNS[args.design]
+    design = (
+        plan.QUICK
+        if args.quick
+        else plan.CEILING
+        if args.ceiling
+        else plan.REMEDY_SCREEN
+        if args.remedies
+        else plan.DESIGNS[args.design]
+    )
     # a ceiling run goes on from its 750k run's checkpoint where that run kept one
-    cache = RunCache(args.out, design.protocol, shorter=[args.reported] if args.ceiling else [])
+    cache = RunCache(args.out, design.protocol, shorter=[args.reported] if args.ceiling or args.remedies else [])
     reported = RunCache(args.reported, plan.FULL.protocol) if args.ceiling else None
     if reported is not None:  # the ceilings' plan is read from --reported: an empty one plans nothing
         check_runs_folder(reported, plan.FULL, REPORTED_DESIGN, "--reported")
-    elif (args.report or args.status) and not (args.work or args.timing or args.screen):
+    elif (args.report or args.status) and not (args.work or args.timing or args.screen or args.remedies):
         name = "quick" if args.quick else args.design
         check_runs_folder(cache, design, name)  # reads only: a missing --out is not created
     if args.status and reported is not None:
@@ -360,7 +393,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.status:
-        print(screen_status(cache) if args.screen else status(cache, design, variants=not args.no_variants))
+        if args.remedies:
+            print(remedy_status(cache))
+        else:
+            print(screen_status(cache) if args.screen else status(cache, design, variants=not args.no_variants))
         return None
     if args.work:
         poll = 2.0 if args.quick else 30.0
@@ -372,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             screen=args.screen,
             ceiling_of=reported,
             wait=not args.no_wait,
+            remedies=args.remedies,
         )
     if args.timing:
         rounds, iterations = (1, 1) if args.quick else (3, 3)

@@ -14,6 +14,7 @@ from torchmetrics import Metric
 from typing_extensions import override
 
 from lit_treegrpo.core.samples import ScoredSamples
+from lit_treegrpo.core.diversity import mean_pairwise_rms
 
 from ._media import MediaWriters
 
@@ -85,9 +86,7 @@ class SampleDiversity(Metric):
             n = len(rows)
             if n < 2:
                 continue
-            g = flat[rows]  # [n, D]
-            d = torch.cdist(g, g) / flat.shape[1] ** 0.5  # [n, n] RMS distances
-            self.total += d.sum().double() / (n * (n - 1))  # mean over ordered pairs i != j
+            self.total += mean_pairwise_rms(flat[rows])  # [n, D] -> mean over ordered pairs i != j
             self.groups += 1
 
     def compute(self) -> Tensor:

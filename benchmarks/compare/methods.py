@@ -47,6 +47,13 @@ ARMS = {
 """The screen's arms (``SCREEN/<arm>.yaml``), each one setting changed alone on its base preset: an
 official-code setting on today's BranchGRPO, or the official TreeGRPO's window schedule stretched
 over the budget (docs/benchmarks.md, the fidelity screen)."""
+REMEDIES = {
+    "treegrpo_parent_relative": "treegrpo",
+    "treegrpo_tmpo": "treegrpo",
+    "treegrpo_mix_updates": "treegrpo",
+}
+"""The remedy screen's arms ("A tree that pays", docs/benchmarks.md): presets in ``configs/methods``, each one
+change from the method it names, trained beside it on the screen's seeds and rates (``plan.remedy_jobs``)."""
 FLAT = ("dancegrpo", "flowgrpo", "mixgrpo")
 """The flat baselines (independent chains, no shared prefix)."""
 

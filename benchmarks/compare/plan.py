@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import stats
-from .methods import FLAT, GRIDS, HEADLINE, OFFICIAL, VARIANT_OF, VARIANTS, RunSpec, neighbour, shifted_grid
+from .methods import FLAT, GRIDS, HEADLINE, OFFICIAL, REMEDIES, VARIANT_OF, VARIANTS, RunSpec, neighbour, shifted_grid
 from .runs import Protocol, Run, RunCache
 
 SWEEP_SEEDS = (100, 101, 102)
@@ -150,6 +150,22 @@ def screen_jobs() -> list[RunSpec]:
     first = [RunSpec(m, lr, s) for m, rates in SCREEN_RATES.items() for lr in rates for s in SCREEN_SEEDS]
     added = [RunSpec(m, lr, s) for m, rates in SCREEN_RATES_ADDED.items() for lr in rates for s in SCREEN_SEEDS]
     return first + added
+
+
+# The remedy screen ("A tree that pays", docs/benchmarks.md), fixed before its runs: each remedy arm
+# (methods.REMEDIES) and treegrpo itself on two sweep seeds at TreeGRPO's chosen rate and at 3e-4 (its sweep's
+# next-best), to the ceilings' 1.2M units with their evaluation spacing. Rate-major: every arm at 1e-4 (with
+# treegrpo first, the pair each arm is read against) before any at 3e-4; within a rate, arm by arm in the
+# order of methods.REMEDIES (the order the arms landed), so that a screen cut short reports whole arms.
+REMEDY_SCREEN = Design(protocol=CEILING.protocol, report_seeds=(), variant_seeds=(), variants=())
+REMEDY_SEEDS = (100, 101)
+REMEDY_RATES = (1e-4, 3e-4)
+
+
+def remedy_jobs() -> list[RunSpec]:
+    """The remedy screen's runs in the order to train them (see :data:`REMEDY_SCREEN`)."""
+    methods = ["treegrpo", *REMEDIES]
+    return [RunSpec(m, lr, s) for lr in REMEDY_RATES for m in methods for s in REMEDY_SEEDS]
 
 
 def ceiling_jobs(reported: RunCache, design: Design = SETTLED) -> list[RunSpec]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 from lit_treegrpo.common.files import MiB, read_text_limited
 
@@ -176,11 +177,9 @@ class Recorder:
 
     @torch.no_grad()
     def evaluate(self) -> None:
-        from lit_treegrpo.rewards import ShapesReward
-
         seeds = range(self.protocol.eval_seeds)
         images = torch.cat([self.module.sample(self.prompts, seed) for seed in seeds])  # [S * P, 3, H, W]
-        scores = ShapesReward()(images, self.prompts * len(seeds)).view(len(seeds), len(self.prompts))  # [S, P]
+        scores, measures = held_out_scores(images, self.prompts, len(seeds))  # [S, P]
         per_seed = scores.mean(dim=1)  # [S] each evaluation seed's mean over the prompts
         reward = float(scores.mean())
         last = self.run.iterations[-1] if self.run.iterations else None
@@ -197,8 +196,31 @@ class Recorder:
                 # the evaluation's own noise: how much re-drawing the evaluation seeds would move `reward`
                 "reward_se": float(per_seed.std() / len(seeds) ** 0.5) if len(seeds) > 1 else 0.0,
                 "reward_per_seed": per_seed.tolist(),
+                **measures,
             }
         )
+
+
+def held_out_scores(images: Tensor, prompts: list[str], samples: int) -> tuple[Tensor, dict[str, Any]]:
+    """The ShapesReward [S, P] of an evaluation's ``images`` [S * P, 3, H, W] (seed-major: sample s of prompt p is
+    row s * P + p), and what it says beside the total: the mean of each factor of the score (``parts``:
+    presence, purity, shape, size, position; colour is presence and purity), and the samples' spread per prompt,
+    averaged over the prompts, in pixels (``diversity_pixels``, the RMS distance of two images in [0, 1]) and in
+    what they depict (``diversity_attributes``: :func:`~lit_treegrpo.shapes.reward.attributes`, the fitted
+    shape's place, size, template fit and colour, each in [0, 1])."""
+    from lit_treegrpo.core.diversity import spread_per_prompt
+    from lit_treegrpo.shapes.reward import FACTORS, ShapesReward, attributes
+
+    analysis = ShapesReward().analyse(images, prompts * samples)
+    scores = analysis.score.view(samples, len(prompts))  # [S, P]
+    pixels = images.flatten(1).view(samples, len(prompts), -1)  # [S, P, 3 H W]
+    described = attributes(analysis, images.shape[-1]).view(samples, len(prompts), -1)  # [S, P, 8]
+    measures: dict[str, Any] = {
+        "parts": {name: float(analysis[i].float().mean()) for name, i in FACTORS.items()},
+        "diversity_pixels": float(spread_per_prompt(pixels).mean()) if samples > 1 else None,
+        "diversity_attributes": float(spread_per_prompt(described).mean()) if samples > 1 else None,
+    }
+    return scores, measures
 
 
 class Trained(NamedTuple):

@@ -11,6 +11,12 @@ them (the softmax backup: one pass per depth level); nothing loops over nodes in
 # - branch_fusion (BranchGRPO eq. 7-8): F(e) = sum_l w_l r_l over the leaves below e, w = softmax(beta x
 #   the old log-probs strictly below e on the path to l); A = F z-scored over the edges of one prompt
 #   and depth (a group of one, or of std < 1e-6, gets 0).
+# - parent_relative (the original design notes): M(e) = mean of a below e as in "mean", A(e) = M(e) - M(parent),
+#   M of a root edge's missing parent = the mean of a over the prompt's leaves: the credit of the step itself,
+#   so on a chain only the first recorded edge carries the trajectory's signal.
+# - softmax_tb (TMPO, arXiv 2605.10983, MAIR-Lab-HUST/TMPO softmax_tb.py): per prompt, each leaf's target
+#   log_softmax(beta a) minus its policy's log_softmax(P), P = the sum of the old log-probs on its path (the
+#   policy matched to softmax(beta R) rather than R maximised); A(e) = the mean of that over the leaves below e.
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from torch import Tensor
 
 from .choices import check_choice, choices
 
-AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion"]
+AdvantageMethod = Literal["mean", "logprob_softmax", "branch_fusion", "parent_relative", "softmax_tb"]
 StdScope = Literal["group", "global"]
 StdEstimator = Literal["population", "sample"]
 METHODS: tuple[str, ...] = choices(AdvantageMethod)
@@ -169,8 +175,13 @@ def tree_advantages(
         adv = _normalize_depthwise(fused, edge_prompt, _depth_from_pairs(pairs, E), eps, std_estimator)
     else:
         a = normalize_per_group(score, leaf_prompt, eps, std_scope, std_estimator)  # [L]
-        if method == "mean":
-            adv = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E]
+        if method == "softmax_tb":
+            assert edge_old_log_prob is not None  # checked by _check_inputs
+            a = _trajectory_balance_targets(a, leaf_prompt, edge_old_log_prob, pairs, beta)  # [L]
+        if method in ("mean", "parent_relative", "softmax_tb"):
+            adv = _segment_sum(a[pairs.leaf], pairs.edge, E) / leaves_below  # [E] M(e)
+            if method == "parent_relative":
+                adv = adv - _parent_value(adv, a, leaf_prompt, edge_parent, pairs)
         else:
             adv = _softmax_backup(a, leaf_edge, edge_parent, edge_old_log_prob, pairs, E)
     adv = adv.float()
@@ -207,7 +218,7 @@ def _check_inputs(
             f"non-finite rewards for {leaves.numel()} of {L} leaves (leaves "
             f"{leaves[:8].tolist()}, prompts {sorted(set(leaf_prompt[leaves].tolist()))[:8]})"
         )
-    needs_lp = method == "logprob_softmax" or (method == "branch_fusion" and beta != 0)
+    needs_lp = method in ("logprob_softmax", "softmax_tb") or (method == "branch_fusion" and beta != 0)
     if needs_lp and (edge_old_log_prob is None or edge_old_log_prob.shape != (E,)):
         raise ValueError(f"method {method!r} needs edge_old_log_prob of shape [{E}]")
     return needs_lp
@@ -236,6 +247,39 @@ def _normalize_depthwise(
     degenerate = (count < 2) | (std < _DEPTH_STD_FLOOR)  # [G]
     out = (values - mean[g]) / (std[g] + eps)
     return torch.where(degenerate[g], torch.zeros_like(out), out)
+
+
+def _segment_log_softmax(logits: Tensor, index: Tensor, size: int) -> Tensor:
+    """Log-softmax of ``logits`` [N] within each segment of ``index`` [N] (max-subtracted)."""
+    seg_max = torch.full((size,), float("-inf"), dtype=logits.dtype, device=logits.device)
+    seg_max = seg_max.scatter_reduce(0, index, logits, reduce="amax")  # [size]
+    shifted = logits - seg_max[index]  # [N]
+    return shifted - _segment_sum(torch.exp(shifted), index, size).log()[index]
+
+
+def _trajectory_balance_targets(
+    a: Tensor, leaf_prompt: Tensor, edge_old_log_prob: Tensor, pairs: PathPairs, beta: float
+) -> Tensor:
+    """[L] TMPO's leaf advantage: per prompt, log_softmax(beta a) - log_softmax(P), P [L] the sum of the old
+    log-probs of the edges on each leaf's path (a shared prefix counts in every leaf below it)."""
+    L = a.shape[0]
+    _, g = torch.unique(leaf_prompt, return_inverse=True)  # [L] contiguous prompt ids
+    G = int(g.max()) + 1
+    path = _segment_sum(edge_old_log_prob.double()[pairs.edge], pairs.leaf, L)  # [L]
+    return _segment_log_softmax(beta * a, g, G) - _segment_log_softmax(path, g, G)
+
+
+def _parent_value(value: Tensor, a: Tensor, leaf_prompt: Tensor, edge_parent: Tensor, pairs: PathPairs) -> Tensor:
+    """[E] each edge's parent's ``value``, and for an edge without a recorded parent the mean of ``a`` [L] over
+    its prompt's leaves (the value before any recorded step)."""
+    E = edge_parent.shape[0]
+    _, g = torch.unique(leaf_prompt, return_inverse=True)  # [L] contiguous prompt ids
+    G = int(g.max()) + 1
+    root = _segment_sum(a, g, G) / _segment_sum(torch.ones_like(a), g, G)  # [G]
+    edge_group = torch.zeros(E, dtype=torch.long, device=edge_parent.device)
+    edge_group[pairs.edge] = g[pairs.leaf]  # [E]
+    has_parent = edge_parent >= 0
+    return torch.where(has_parent, value[edge_parent.clamp(min=0)], root[edge_group])
 
 
 def _softmax_backup(

@@ -173,8 +173,23 @@ def analyse(images: Tensor, specs: list[ShapeSpec], *, slack: float = 0.08) -> S
     )
 
 
+#: the coordinates of :func:`attributes`, in its column order
+ATTRIBUTES = ("cx", "cy", "extent", *(f"iou_{shape}" for shape in SHAPES), "presence", "purity")
+
+
+def attributes(analysis: ShapesAnalysis, side: int) -> Tensor:
+    """[B, 8] what each image depicts, each coordinate in [0, 1] (:data:`ATTRIBUTES`): the requested shape's fitted
+    centre and extent as fractions of the canvas (``side`` pixels, clamped to it), its soft IoU with each template, and its
+    colour's presence and purity. A fixed, interpretable feature space for diversity: two samples that
+    differ only by a pixel-level texture lie close, two that draw another size or place lie far apart."""
+    # a diffuse mask's moment fit can reach past the canvas: clamped, so that no coordinate outweighs the others
+    geometry = (torch.stack([analysis.cx, analysis.cy, analysis.extent], dim=1) / side).clamp(0, 1)  # [B, 3]
+    colour = torch.stack([analysis.presence, analysis.purity], dim=1)  # [B, 2]
+    return torch.cat([geometry, analysis.iou, colour], dim=1).float()
+
+
 #: the score's factors as reward components: name -> field of :class:`ShapesAnalysis`
-_FACTORS = {
+FACTORS = {
     "presence": ShapesAnalysis._fields.index("presence"),
     "purity": ShapesAnalysis._fields.index("purity"),
     "shape": ShapesAnalysis._fields.index("shape_score"),
@@ -227,7 +242,7 @@ class ShapesReward(RewardModel):
         total = torch.cat([a.score for a in parts]).float()  # [B]
         if check:
             check_finite(total, self.name, list(prompts))
-        components = {name: torch.cat([a[i] for a in parts]).float() for name, i in _FACTORS.items()}  # name -> [B]
+        components = {name: torch.cat([a[i] for a in parts]).float() for name, i in FACTORS.items()}  # name -> [B]
         return RewardScores(total, components)
 
     def extra_repr(self) -> str:

@@ -11,6 +11,7 @@ from compare.methods import (
     ARMS,
     HEADLINE,
     OFFICIAL,
+    REMEDIES,
     TASK,
     VARIANTS,
     RunSpec,
@@ -42,8 +43,8 @@ SIZES = {
     "branchgrpo_official": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
     "branchgrpo_binary": (16, 1 + 2 + 4 + 8 + 16 * 6, 2 + 4 + 8 + 16 + 16 * 4, 1 + 2 + 4 + 8 + 16 * 4),
 }
-# the other screen arms change no tree at its first offset: their base preset's
-SIZES.update({arm: SIZES[base] for arm, base in ARMS.items() if arm not in SIZES})
+# the other screen arms and the remedy arms change no tree at its first offset: their base preset's
+SIZES.update({arm: SIZES[base] for arm, base in {**ARMS, **REMEDIES}.items() if arm not in SIZES})
 METHOD_KEYS = ("tree", "advantage", "loss", "minibatches", "edges_per_update", "inner_epochs")
 
 
@@ -67,7 +68,9 @@ def method_of(parser, *configs: Path) -> dict:
 
 
 def test_every_method_has_one_preset() -> None:
-    assert set(method_names()) == set(HEADLINE) | set(VARIANTS) | set(OFFICIAL) | set(ARMS) == set(SIZES)
+    assert (
+        set(method_names()) == set(HEADLINE) | set(VARIANTS) | set(OFFICIAL) | set(ARMS) | set(REMEDIES) == set(SIZES)
+    )
     # a screen arm is its base preset and one file; every other method is one preset
     assert all(preset_files(arm) == [preset(base), preset(arm)] for arm, base in ARMS.items())
 
@@ -87,7 +90,10 @@ def test_a_preset_states_the_whole_method_whatever_the_base_config_says(parser, 
 
 
 # dancegrpo: its pruning schedule is a callback; the official presets: their optimizer options and tree
-@pytest.mark.parametrize("name", ["treegrpo", "dancegrpo", "treegrpo_official", "branchgrpo_official"])
+@pytest.mark.parametrize(
+    "name",
+    ["treegrpo", "dancegrpo", "treegrpo_official", "branchgrpo_official", *REMEDIES],
+)
 def test_the_benchmark_trains_what_fit_trains(tmp_path: Path, name: str) -> None:
     spec = RunSpec(name, 3e-4, 5)
     cli = TreeGRPOCLI(args=["fit", *run_args(spec), "--max_iterations", "1", "--trainer.default_root_dir", str(tmp_path),
@@ -100,6 +106,7 @@ def test_the_benchmark_trains_what_fit_trains(tmp_path: Path, name: str) -> None
     assert first["loss"] == float(cli.trainer.callback_metrics["loss"])
     assert first["units"] == float(cli.trainer.callback_metrics["compute/units"]) > 0
     steps = {"treegrpo": 2, "dancegrpo": 3, "treegrpo_official": 2, "branchgrpo_official": 8}  # 752 edges / 96
+    steps.update({"treegrpo_parent_relative": 2, "treegrpo_tmpo": 2, "treegrpo_mix_updates": 4})
     assert first["optimizer_steps"] == cli.trainer.global_step == steps[name]
     mine, theirs = list(bench.module.adapter.trainable_parameters()), list(fitted.adapter.trainable_parameters())
     assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))

@@ -458,3 +458,16 @@ def test_the_header_names_the_seeds_an_extension_added() -> None:
         "; treegrpo also seeds 10 (the pair's pre-registered extension)"
     )
     assert report.extension_note({}) == ""  # a results.json from before the extension
+
+
+def test_the_remedy_screen_runs_every_arm_beside_treegrpo_rate_major() -> None:
+    from compare.methods import REMEDIES
+
+    jobs = plan.remedy_jobs()
+    methods = ["treegrpo", *REMEDIES]
+    assert len(jobs) == len(set(jobs)) == len(methods) * 2 * 2
+    # every arm at TreeGRPO's chosen rate (treegrpo first) before any at the other rate
+    assert [s.lr for s in jobs] == [1e-4] * (len(jobs) // 2) + [3e-4] * (len(jobs) // 2)
+    assert [s.method for s in jobs[:2]] == ["treegrpo", "treegrpo"]
+    assert {s.seed for s in jobs} == {100, 101} and not {100, 101} & set(plan.REPORT_SEEDS)
+    assert plan.REMEDY_SCREEN.protocol == plan.CEILING.protocol  # a 1.2M run begins as its 750k run

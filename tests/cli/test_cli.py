@@ -240,7 +240,7 @@ BAD_YAML = """model:
         (["--model.tree.branching", "two"], "--model.tree.branching: 'two' is none of int, tuple[int, ...]"),
         (
             ["--model.advantage.method", "median"],
-            "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', got 'median'; did you mean mean?",
+            "--model.advantage.method: expected one of 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative', 'softmax_tb', got 'median'; did you mean mean?",
         ),
         (
             ["--model.adapter.init_args.num_step", "4"],

@@ -166,9 +166,27 @@ def reference_advantages(
         return adv
 
     a = _normalise(score, leaf_prompt, eps)
+    if method == "softmax_tb":  # TMPO: per prompt, log_softmax(beta a) - log_softmax(path log-prob), then "mean"
+        path = []
+        for leaf in range(L):
+            total, cur = 0.0, leaf_edge[leaf]
+            while cur >= 0:
+                total, cur = total + old_log_prob[cur], edge_parent[cur]
+            path.append(total)
+
+        def log_softmax(values: list[float], leaf: int) -> float:
+            group = [values[j] for j in range(L) if leaf_prompt[j] == leaf_prompt[leaf]]
+            return values[leaf] - math.log(sum(math.exp(v) for v in group))
+
+        scaled = [beta * v for v in a]
+        a = [log_softmax(scaled, leaf) - log_softmax(path, leaf) for leaf in range(L)]
+        method = "mean"
     M = [statistics.fmean(a[leaf] for leaf in below[e]) for e in range(E)]
     if method == "mean":
         return M
+    if method == "parent_relative":
+        root = {p: statistics.fmean(a[leaf] for leaf in range(L) if leaf_prompt[leaf] == p) for p in set(leaf_prompt)}
+        return [M[e] - (M[edge_parent[e]] if edge_parent[e] >= 0 else root[prompt_of[e]]) for e in range(E)]
     assert method == "logprob_softmax"
     memo: dict[int, float] = {}
 
@@ -210,6 +228,10 @@ EXPECTED = {
     # logprob_softmax: V(e0) = 1/5 a0 + 4/5 a1 = (-3/5 + 4/5)/sqrt5 = 1/(5 sqrt5);
     # V(e1) = 4/5 a2 + 1/5 a3 = (-4/5 + 3/5)/sqrt5 = -1/(5 sqrt5); leaf edges V = a.
     "logprob_softmax": [1 / (5 * SQ5), -1 / (5 * SQ5), *A],
+    # parent_relative: root edges minus the prompt's mean a (0): e0 = -1/sqrt5, e1 = 1/sqrt5; leaf
+    # edges minus their parent's mean: e2 = (-3 + 1)/sqrt5 = -2/sqrt5, e3 = (1 + 1)/sqrt5 = 2/sqrt5,
+    # e4 = (-1 - 1)/sqrt5 = -2/sqrt5, e5 = (3 - 1)/sqrt5 = 2/sqrt5.
+    "parent_relative": [-1 / SQ5, 1 / SQ5, -2 / SQ5, 2 / SQ5, -2 / SQ5, 2 / SQ5],
 }
 # branch_fusion, depth 1 (leaf edges): nothing strictly below, one leaf each, F = raw r =
 # [1, 3, 2, 4]; over the group {e2..e5}: mean 2.5, pstd sqrt5/2 -> A = a. Depth 0 {e0, e1}, weights
@@ -245,11 +267,36 @@ def test_hand_tree_is_what_rollout_records():
     assert tree.edge_depth.tolist() == [0, 0, 1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("method", ["mean", "logprob_softmax"])
+@pytest.mark.parametrize("method", ["mean", "logprob_softmax", "parent_relative"])
 def test_hand_depth2(method):
     out = _hand(method)
     assert out.shape == (6,)
     _close(out, EXPECTED[method])
+
+
+# softmax_tb, beta = 0 (a uniform target): path log-probs P = [ln2 + 0, ln2 + ln4, ln3 + ln4, ln3 + 0] =
+# ln[2, 8, 12, 3], so softmax(P) = [2, 8, 12, 3]/25 and a leaf's advantage is ln(1/4) - ln(p) = ln(25/(4 [2, 8,
+# 12, 3])) = ln[25/8, 25/32, 25/48, 25/12]; e0 the mean of the first two, ln(25/16); e1 of the last two, ln(25/24).
+SOFTMAX_TB_BETA0 = [math.log(25 / 16), math.log(25 / 24), *(math.log(25 / x) for x in (8, 32, 48, 12))]
+
+
+def test_hand_depth2_softmax_tb():
+    _close(_hand("softmax_tb", beta=0.0), SOFTMAX_TB_BETA0)
+    # beta = 1: the target log_softmax(a) adds a - ln(sum e^a) to each leaf, the same P term
+    u = 1 / SQ5
+    log_z = math.log(math.exp(-3 * u) + math.exp(u) + math.exp(-u) + math.exp(3 * u))
+    leaves = [a - log_z + math.log(4) + b for a, b in zip(A, SOFTMAX_TB_BETA0[2:])]
+    _close(_hand("softmax_tb", beta=1.0), [(leaves[0] + leaves[1]) / 2, (leaves[2] + leaves[3]) / 2, *leaves])
+
+
+def test_softmax_tb_matches_its_target_when_the_policy_does():
+    # a policy whose path probabilities already are softmax(beta a) gets no advantage anywhere
+    a, beta = torch.tensor(A, dtype=torch.float64), 0.7
+    lp = list(LP)
+    target = torch.log_softmax(beta * a, 0).tolist()  # put each leaf's path log-prob on its leaf edge
+    for leaf, edge in enumerate(LEAF_EDGE):
+        lp[edge] = target[leaf] - lp[EP[edge]]
+    _close(_hand("softmax_tb", lp=lp, beta=beta), [0.0] * 6)
 
 
 @pytest.mark.parametrize("beta", sorted(BRANCH_FUSION))
@@ -287,7 +334,7 @@ def test_hand_two_prompts_normalised_separately():
         return per_prompt[:2] * 2 + per_prompt[2:] * 2
 
     args = (_t(rewards), _long(edge_parent), _long(leaf_edge), _long(leaf_prompt))
-    for method in ("mean", "logprob_softmax"):
+    for method in ("mean", "logprob_softmax", "parent_relative"):
         out = tree_advantages(*args, method=method, edge_old_log_prob=_t(lp))
         _close(out, two(EXPECTED[method]))
     for beta, expected in BRANCH_FUSION.items():
@@ -317,7 +364,20 @@ CHAIN_EXPECTED = {
     # again, so F(e0) = F(e2) = 2.6 and F(e1) = F(e3) = 2.4 (e3's 3 ln2 cancels the same way).
     # Depth 0 {e0, e1} -> [1, -1], depth 1 {e2, e3} -> [1, -1], depth 2: raw rewards normalised, a.
     "branch_fusion": [1.0, -1.0, 1.0, -1.0, *A],
+    # parent_relative: e0, e1 minus the prompt's mean a (0): -1/sqrt5, 1/sqrt5; the chain edges e2, e3
+    # have their parent's leaves, so 0; the leaf edges minus M(e2) = -1/sqrt5 or M(e3) = 1/sqrt5:
+    # e4 = -2/sqrt5, e5 = 2/sqrt5, e6 = -2/sqrt5, e7 = 2/sqrt5.
+    "parent_relative": [-1 / SQ5, 1 / SQ5, 0.0, 0.0, -2 / SQ5, 2 / SQ5, -2 / SQ5, 2 / SQ5],
 }
+# softmax_tb, beta = 1: the paths' log-probs sum the chain edges too, P = ln[3*2*1, 3*2*4, 1*8*4, 1*8*1] =
+# ln[6, 24, 32, 8], softmax(P) = [6, 24, 32, 8]/70; a leaf's advantage a - ln(sum e^a) - ln(p); e0 and its chain
+# edge e2 the mean of leaves 0-1, e1 and e3 of leaves 2-3.
+_LOG_Z = math.log(sum(math.exp(a) for a in A))
+_CHAIN_TB = [a - _LOG_Z - math.log(p / 70) for a, p in zip(A, (6, 24, 32, 8))]
+CHAIN_EXPECTED["softmax_tb"] = [
+    *([(_CHAIN_TB[0] + _CHAIN_TB[1]) / 2, (_CHAIN_TB[2] + _CHAIN_TB[3]) / 2] * 2),
+    *_CHAIN_TB,
+]
 
 
 def test_chain_tree_is_what_rollout_records():
@@ -427,7 +487,11 @@ def test_matches_reference_multi_reward(seed, method):
 
 
 # ----------------------------------------------------------------------------- degenerate rewards
-@pytest.mark.parametrize("method", METHODS)
+# TMPO's target is a distribution: equal rewards ask for equal path probabilities (tested below), not for nothing
+REWARD_ONLY = [m for m in METHODS if m != "softmax_tb"]
+
+
+@pytest.mark.parametrize("method", REWARD_ONLY)
 def test_equal_rewards_per_prompt_give_exact_zeros(method):
     spec = TreeSpec(6, branch_steps=(0, 2, 3), branching=3, sde_steps=(1,), num_trees=2)
     tree = _grow(spec, 3, torch.Generator().manual_seed(1))
@@ -444,7 +508,7 @@ def test_equal_rewards_per_prompt_give_exact_zeros(method):
         assert torch.equal(out, torch.zeros(tree.num_edges)), out.abs().max()
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", REWARD_ONLY)
 def test_equal_float64_rewards_give_exact_zeros_despite_rounding(method):
     # 27 leaves of 0.7 in float64: their computed mean is 0.7 + 2.2e-16, which / (std 0 + eps)
     # gave 2.2e-8 instead of 0 before all-equal groups were special-cased
@@ -475,6 +539,32 @@ def test_flat_tree_is_flat_grpo(method):
         assert n == T - 1
     out = tree_advantages(*_tree_args(tree, rewards), method=method, edge_old_log_prob=tree.edge_old_log_prob)
     _close(out, expected, atol=1e-5)
+
+
+def test_softmax_tb_with_equal_rewards_pulls_the_paths_towards_uniform():
+    # beta a = 0 for every leaf: the target is uniform, each leaf gets -ln K - log_softmax(P)
+    out = _hand("softmax_tb", rewards=[2.0] * 4, beta=1.0)
+    _close(out, SOFTMAX_TB_BETA0)
+
+
+def test_parent_relative_on_chains_credits_only_the_first_step():
+    # flat GRPO's chains: the first recorded edge carries the trajectory's normalised reward, every
+    # later edge has its parent's leaves below it and so no credit of its own
+    T, G, P = 5, 4, 2
+    spec = TreeSpec(T, sde_steps=tuple(range(T - 1)), num_trees=G)
+    gen = torch.Generator().manual_seed(3)
+    tree = _grow(spec, P, gen)
+    rewards = torch.randn(P * G, generator=gen)  # [L]
+    out = tree_advantages(*_tree_args(tree, rewards), method="parent_relative")
+    a = _normalise(rewards.tolist(), tree.leaf_prompt.tolist(), 1e-8)
+    first = tree.edge_parent < 0  # [E]
+    assert torch.equal(out[~first], torch.zeros(int((~first).sum())))
+    root_of = {}
+    for leaf, e in enumerate(tree.leaf_edge.tolist()):
+        while tree.edge_parent[e] >= 0:
+            e = int(tree.edge_parent[e])
+        root_of[e] = a[leaf]
+    _close(out[first], [root_of[e] for e in first.nonzero().squeeze(1).tolist()])
 
 
 def test_no_recorded_edges_gives_empty():
@@ -688,7 +778,10 @@ def test_std_scope_and_method_rule_is_stated_once() -> None:
         match=r"^advantage.std_scope 'global' does not apply to branch_fusion, .*; use advantage.std_scope 'group'$",
     ):
         check_advantage_options("branch_fusion", "global", prefix="advantage.")
-    with pytest.raises(ValueError, match=r"^method must be 'mean', 'logprob_softmax' or 'branch_fusion', got 'x'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^method must be 'mean', 'logprob_softmax', 'branch_fusion', 'parent_relative' or 'softmax_tb', got 'x'$",
+    ):
         check_advantage_options("x", "group")
 
 

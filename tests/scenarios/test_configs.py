@@ -107,6 +107,9 @@ def test_every_run_config_is_covered() -> None:
         "mixgrpo",
         "treegrpo_official",
         "branchgrpo_official",
+        "treegrpo_parent_relative",
+        "treegrpo_tmpo",
+        "treegrpo_mix_updates",
     }
 
 
