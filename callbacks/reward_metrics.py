@@ -13,8 +13,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from typing_extensions import override
 
-from lit_treegrpo.core.samples import ScoredSamples
 from lit_treegrpo.core.diversity import mean_pairwise_rms
+from lit_treegrpo.core.samples import ScoredSamples
 
 from ._media import MediaWriters
 

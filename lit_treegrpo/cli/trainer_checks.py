@@ -164,11 +164,31 @@ def _one_pruning_owner(callbacks: Any) -> None:
         )
 
 
+#: --trainer.precision values that keep every trained weight in float32 (the model computes in the autocast dtype)
+KEEPS_FLOAT32 = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16")
+
+
+def _precision(trainer: dict[str, Any]) -> None:
+    """Only precisions that keep the trained weights in float32: a ``-true`` precision casts the whole module, the
+    float32 master weights and LoRA weights with it (Lightning says nothing, and the first step fails or every small
+    update rounds away); ``transformer-engine`` swaps the model's layers. Each is refused in one line."""
+    value = trainer.get("precision")
+    if value is None or str(value) in KEEPS_FLOAT32:
+        return
+    raise UserError(
+        f"--trainer.precision {value}: casts the trained weights themselves (float32 master weights and LoRA "
+        "weights included), where AdamW's small updates round away; use --trainer.precision bf16-mixed (the weights "
+        "stay float32, the denoiser computes in bfloat16; 16-mixed for float16 on a GPU) and keep "
+        "--model.adapter.init_args.master_weights true for a bfloat16 checkpoint fully fine-tuned"
+    )
+
+
 def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> None:
     """Raise :class:`UserError` (one line naming the option) for a Trainer option that Lightning would refuse only
     after the model loaded, refuse with a traceback, or accept and then train, validate or log nothing."""
     fit = subcommand in (None, "fit")
     _one_pruning_owner(trainer.get("callbacks"))
+    _precision(trainer)
     num_nodes = trainer.get("num_nodes")
     if is_number(num_nodes) and num_nodes < 1:
         raise UserError(f"--trainer.num_nodes must be >= 1, got {num_nodes}")

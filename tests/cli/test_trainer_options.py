@@ -315,3 +315,53 @@ def test_through_the_command_line_the_refusal_is_one_line_and_status_2_before_an
         monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, *args, "--trainer.default_root_dir", str(tmp_path)
     )
     assert line.startswith(message), line
+
+
+def _precision_values() -> list[str]:
+    """Every value Lightning's ``precision`` takes, as the command line spells it."""
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _PRECISION_INPUT
+
+    return sorted({str(v) for literal in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(literal)})
+
+
+@pytest.mark.parametrize("value", _precision_values())
+def test_every_precision_keeps_float32_weights_or_is_refused_in_one_line(parser, tmp_path: Path, value: str) -> None:
+    from lit_treegrpo.cli.trainer_checks import KEEPS_FLOAT32
+
+    if value in KEEPS_FLOAT32:  # the mixed precisions autocast the forward; the weights stay float32 (run below)
+        _check(parser, tmp_path, "--trainer.precision", value)
+        return
+    with pytest.raises(UserError) as refused:
+        _check(parser, tmp_path, "--trainer.precision", value)
+    message = str(refused.value)
+    assert message.startswith(f"--trainer.precision {value}: casts the trained weights themselves"), message
+    assert "bf16-mixed" in message and "--model.adapter.init_args.master_weights" in message and "\n" not in message
+
+
+def test_bf16_true_is_refused_before_any_model_loads(monkeypatch, capsys, tmp_path: Path) -> None:
+    # the issue's repro: before, Lightning cast the float32 masters to bf16 and the first step failed in health.py
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.precision", "bf16-true",
+                       "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith("error: --trainer.precision bf16-true: casts the trained weights themselves"), line
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("value", ["32-true", "bf16-mixed", "16-mixed"])
+def test_an_accepted_precision_trains_float32_weights(tmp_path: Path, value: str) -> None:
+    # the aliases 32, "32", "bf16", 16 and "16" are these three to Lightning
+    import torch
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _convert_precision_to_unified_args
+
+    from lit_treegrpo.cli import TreeGRPOCLI
+    from lit_treegrpo.cli.trainer_checks import KEEPS_FLOAT32
+
+    assert {_convert_precision_to_unified_args(v) for v in KEEPS_FLOAT32} == {"32-true", "bf16-mixed", "16-mixed"}
+    cli = TreeGRPOCLI(args=["fit", "--config", str(TINY), *QUIET, "--trainer.precision", value,
+                            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+                            "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
+    assert cli.trainer.global_step == 1
+    trained = list(cli.model.adapter.trainable_parameters())
+    assert trained and all(p.dtype == torch.float32 for p in trained)
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert all(v.dtype == torch.float32 for k, v in saved.items() if "lora" in k) and any("lora" in k for k in saved)
