@@ -1,4 +1,4 @@
-"""One tree iteration per model family at the real models' widths and reduced depth, on CPU, with
+"""One training iteration per model family at the real models' widths and reduced depth, on CPU, with
 random weights: the check that the adapters work at real size where neither a GPU nor the weights
 are available.
 
@@ -6,33 +6,40 @@ Each family's pipeline is built from :mod:`lit_treegrpo.models.published`: the d
 published widths, heads, norms, RoPE axes and block kinds but 1-2 blocks (SD 1.5: one layer per
 UNet block instead of two); the text encoders at their real widths and heads with one layer and
 their vocabularies cut to the offline test tokenizers' (which spell words out, so the text itself is
-not the real one); the VAE whole; the checkpoint's scheduler. Then, through the project's adapter
-and engine, two iterations of: a tree rollout (3 steps, 2 x 2 leaves per prompt; Wan2.2 A14B 4
-steps, branching on each expert's side of the boundary), decoding, a brightness reward, advantages,
-the recomputed log-prob of every trained edge, the clipped loss, backward and an AdamW step at the
-config's learning rate.
+not the real one); the VAE whole; the checkpoint's scheduler. The weights load as the configs load
+them, ``torch_dtype: bfloat16`` (configs/sd35.yaml, configs/flux.yaml, ...): the LoRA rows train their
+adapters over bf16 base weights, the ``*_full`` rows fine-tune the whole denoiser over float32 master
+weights computing in bf16 (configs/sd35_fsdp.yaml's and configs/flux.yaml's setting). Then two
+iterations of ``TreeGRPO.step``, the training step ``fit`` runs, built by ``TreeGRPOModule``
+(benchmarks/_drive.py): the memory guard, a tree rollout (3 steps, 2 x 2 leaves per prompt; Wan2.2 A14B 4
+steps, branching on each expert's side of the boundary), decoding, a random reward, advantages, the
+recomputed log-prob of every trained edge, the clipped loss, backward, gradient clipping and an AdamW
+step at the config's learning rate.
 
-Recorded per iteration: the largest ``|recomputed - sampled|`` log-prob before the update (0 up to
-float rounding when training recomputes what sampling computed), whether the loss and every
+Recorded per iteration: the largest ``|ratio - 1|`` of the recomputed against the sampled log-probs
+before the update, as the step reports it (``logprob_deviation``: the log-prob difference to first
+order; 0 up to rounding when training recomputes what sampling computed), whether the loss and every
 gradient are finite, and which trainable tensors got an exactly zero gradient (counted from the
-second iteration: a LoRA's A gets none while its B is still zero). The ``*_full`` rows fine-tune
-the whole denoiser in bfloat16 over float32 master weights (configs/sd35_fsdp.yaml's and
-configs/flux.yaml's setting) and record the fraction of its weights that the first AdamW step at lr
-1e-5 changed, the fraction that would have changed in bfloat16 weights, and the updates lost: weights
-whose step (AdamW's first, ``lr |g| / (|g| + eps)``) float32 can hold that did not change (0: the
-masters keep every update; the weights left unchanged had a gradient near or at zero, whose step is
-below float32's resolution, as it would be in a float32 model).
+second iteration: a LoRA's A gets none while its B is still zero). The ``*_full`` rows also record the
+fraction of its weights that the first AdamW step at lr 1e-5 changed, the fraction that would have
+changed in bfloat16 weights, and the updates lost: weights whose step (AdamW's first,
+``lr |g| / (|g| + eps)``) float32 can hold that did not change (0: the masters keep every update; the
+weights left unchanged had a gradient near or at zero, whose step is below float32's resolution, as it
+would be in a float32 model). Per family: the peak RSS of its process over the two iterations (after
+the build), the model resident.
 
 Each family runs in a fresh process (one thread by default); the rows go to ``--out`` with the
-suffixes ``.json`` and ``.md``.
+suffixes ``.json`` and ``.md``. ``--tiny`` builds the test suite's tiny pipelines instead (a check of
+this script in seconds, not of the widths).
 
-    python benchmarks/real_width.py [--families sd35_medium flux_dev ...] [--out benchmarks/results/real_width] [--threads 1]
+    python benchmarks/real_width.py [--families sd35_medium flux_dev ...] [--out benchmarks/results/real_width] [--threads 1] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -41,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _drive import PeakMemory, TorchOptimization, adamw, build_algorithm, random_reward, run_step
+from torch import Tensor
 
 #: image side (px), video frames; small: the widths are what is checked, not the resolution
 IMAGE, FRAMES, VIDEO = 64, 5, 32
@@ -224,110 +233,188 @@ def _tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="real_width_"))
 
 
-def adapter(family: str):
-    """The family's adapter over its real-width pipeline, with the config's LoRA (or none: ``*_full``)."""
+def pipeline(name: str, tiny: bool):
+    """The family's real-width pipeline, or with ``tiny`` the test suite's tiny pipeline of the same family."""
+    from lit_treegrpo.models.published import SD35_LARGE, SD35_MEDIUM
+
+    if tiny:
+        return tiny_pipeline(name)
+    if name == "sd15":
+        return sd15()
+    if name.startswith("sd35"):
+        return sd3(SD35_MEDIUM if name == "sd35_medium" else SD35_LARGE)
+    if name == "flux_dev":
+        return flux()
+    if name == "qwen_image":
+        return qwen_image()
+    return wan(name)
+
+
+def tiny_pipeline(name: str):
+    from lit_treegrpo.models.tiny import tiny_flux_pipeline, tiny_sd3_pipeline, tiny_sd15_pipeline
+    from lit_treegrpo.models.tiny_qwen import tiny_qwen_image_pipeline
+    from lit_treegrpo.models.tiny_wan import tiny_wan22_pipeline, tiny_wan_pipeline
+
+    builders = {
+        "sd15": tiny_sd15_pipeline,
+        "sd35_medium": tiny_sd3_pipeline,
+        "sd35_large": lambda: tiny_sd3_pipeline(sd35=False),
+        "flux_dev": tiny_flux_pipeline,
+        "qwen_image": tiny_qwen_image_pipeline,
+        "wan21_1_3b": tiny_wan_pipeline,
+        "wan22_ti2v_5b": lambda: tiny_wan22_pipeline(kind="ti2v"),
+        "wan22_a14b": tiny_wan22_pipeline,
+    }
+    return builders[name]()
+
+
+def adapter(family: str, tiny: bool = False):
+    """The family's adapter over its pipeline, loaded in bf16 as the configs load it, with the config's LoRA (or
+    none: ``*_full``, over float32 master weights)."""
     from lit_treegrpo.models import FluxAdapter, QwenImageAdapter, SD3Adapter, SD15Adapter, WanAdapter
-    from lit_treegrpo.models.published import SD35_LARGE, SD35_MEDIUM, TARGETS
+    from lit_treegrpo.models.published import TARGETS
 
     full = family.endswith("_full")
     name = family.removesuffix("_full")
-    lora = None if full else TARGETS[name].lora
-    common = dict(num_steps=3, lora=lora, torch_dtype="bfloat16" if full else "float32")
+    parts = pipeline(name, tiny)
+    common = dict(num_steps=3, lora=None if full else TARGETS[name].lora, torch_dtype="bfloat16")
     if name == "sd15":
-        return SD15Adapter(sd15(), guidance_scale=5.0, resolution=IMAGE, **common)
+        return SD15Adapter(parts, guidance_scale=5.0, resolution=IMAGE, **common)
     if name.startswith("sd35"):
-        config = SD35_MEDIUM if name == "sd35_medium" else SD35_LARGE
-        return SD3Adapter(sd3(config), guidance_scale=4.5, resolution=IMAGE, max_sequence_length=TEXT_TOKENS, **common)
+        return SD3Adapter(parts, guidance_scale=4.5, resolution=IMAGE, max_sequence_length=TEXT_TOKENS, **common)
     if name == "flux_dev":
         return FluxAdapter(
-            flux(), guidance_scale=3.5, shift=3.0, dynamics="dance_sde", noise_level=0.3, resolution=IMAGE,
+            parts, guidance_scale=3.5, shift=3.0, dynamics="dance_sde", noise_level=0.3, resolution=IMAGE,
             max_sequence_length=TEXT_TOKENS, **common,
         )  # fmt: skip
     if name == "qwen_image":
         return QwenImageAdapter(
-            qwen_image(), true_cfg_scale=4.0, height=IMAGE, width=IMAGE, max_sequence_length=TEXT_TOKENS, **common
+            parts, true_cfg_scale=4.0, height=IMAGE, width=IMAGE, max_sequence_length=TEXT_TOKENS, **common
         )
     video = dict(height=VIDEO, width=VIDEO, num_frames=FRAMES, max_sequence_length=TEXT_TOKENS, guidance_scale=5.0)
     if name == "wan22_a14b":
         common["num_steps"] = 4
-    return WanAdapter(wan(name), **video, **common)
+    return WanAdapter(parts, **video, **common)
+
+
+def weights_kind(a: Any) -> str:
+    """How the trained weights are held: float32 masters under a lower compute dtype, or the LoRA's dtype over the
+    base weights'."""
+    trained = {p.dtype for p in a.trainable_parameters()}
+    name = ", ".join(sorted(str(d).removeprefix("torch.") for d in trained))
+    compute = str(a.dtype).removeprefix("torch.")
+    if a.lora is None:
+        return f"{name} masters, {compute} compute" if trained != {a.dtype} else name
+    return f"{name} LoRA over {compute} weights"
 
 
 # ---------------------------------------------------------------------------------- one family
-def run_family(family: str, threads: int) -> dict[str, Any]:
-    from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec, recompute_log_probs, rollout, tree_advantages
+class RecordingOptimization(TorchOptimization):
+    """The optimizer steps of the training step, recording what each left in the gradients (read before they are
+    cleared) and, with ``record_first_step``, what the first AdamW step did to the weights."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named: list[tuple[str, Tensor]], record_first_step: bool):
+        super().__init__(optimizer)
+        self.named = named
+        self.record_first_step = record_first_step
+        self.zero_gradient: list[str] = []  # trained tensors with no or an all-zero gradient at the last step
+        self.finite_gradients = True
+        self.effect: dict[str, Any] | None = None
+
+    def step(self) -> None:
+        if not (self.record_first_step and self.effect is None):
+            super().step()
+            return
+        before = [p.detach().clone() for _, p in self.named]
+        grads = [p.grad for _, p in self.named]
+        super().step()
+        self.effect = first_step_effect(self.named, before, grads, self.optimizer.defaults)
+
+    def zero_grad(self) -> None:  # after every optimizer step or its refusal: the gradients are still there
+        self.zero_gradient = [n for n, p in self.named if p.grad is None or not bool(p.grad.ne(0).any())]
+        self.finite_gradients = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for _, p in self.named)
+        super().zero_grad()
+
+
+def first_step_effect(
+    named: list[tuple[str, Tensor]], before: list[Tensor], grads: list[Tensor | None], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """The first AdamW step on float32 masters, and what bf16 weights would have kept of it."""
+    moved = [p.detach() != b for (_, p), b in zip(named, before)]
+    # AdamW's first step is lr |g| / (|g| + eps); one above |w| 2^-23 (at least a float32 spacing of w)
+    # survives float32 rounding, so a weight with such a step that did not move lost it
+    lr, eps = defaults["lr"], defaults["eps"]
+    kept = [
+        lr * g.abs() / (g.abs() + eps) > b.abs() * 2.0**-23 if g is not None else torch.zeros_like(b, dtype=torch.bool)
+        for g, b in zip(grads, before)
+    ]
+    weights = sum(b.numel() for b in before)
+    return {
+        "weights": weights,
+        "steps_below_float32_resolution": sum(int((~k).sum()) for k in kept),
+        "lost_updates": sum(int((k & ~m).sum()) for k, m in zip(kept, moved)),
+        "changed_fraction": sum(int(m.sum()) for m in moved) / weights,
+        "changed_fraction_if_bf16_weights": sum(
+            int((p.detach().bfloat16() != b.bfloat16()).sum()) for (_, p), b in zip(named, before)
+        )
+        / weights,
+    }
+
+
+def run_family(family: str, threads: int, tiny: bool = False) -> dict[str, Any]:
+    from lit_treegrpo.core import ClippedPolicyLoss, TreeSpec
+    from lit_treegrpo.training.faults import FaultPolicy
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    a = adapter(family)
+    a = adapter(family, tiny)
     built = time.perf_counter() - start
     spec = (
         TreeSpec(4, branch_steps=(1, 2), branching=2)  # one split on each expert's side of the boundary
         if family == "wan22_a14b"
         else TreeSpec(3, branch_steps=(0, 1), branching=2)
     )
-    params = [(n, p) for n, p in a.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([p for _, p in params], lr=LR.get(family, 3e-4), weight_decay=0.0)
-    loss_fn = ClippedPolicyLoss(clip_range=1e-4, adv_clip=5.0)
+    named = [(n, p) for n, p in a.named_parameters() if p.requires_grad]
+    full = family.endswith("_full")
+    optimization = RecordingOptimization(adamw(a, LR.get(family, 3e-4)), named, record_first_step=full)
+    algorithm = build_algorithm(
+        a,
+        random_reward(video=a.makes_video),
+        spec,
+        loss=ClippedPolicyLoss(clip_range=1e-4, adv_clip=5.0),
+        faults=FaultPolicy(nonfinite="skip"),  # a non-finite loss or gradient is recorded, not raised
+    )
     denoisers = a.denoisers().values()
     row: dict[str, Any] = {
         "family": family,
         "denoiser_parameters": sum(p.numel() for m in denoisers for n, p in m.named_parameters() if "lora_" not in n),
-        "trainable_parameters": sum(p.numel() for _, p in params),
-        "trainable_tensors": len(params),
-        "weights": "float32 masters, bf16 compute"
-        if a.dtype != params[0][1].dtype
-        else str(a.dtype).removeprefix("torch."),
+        "trainable_parameters": sum(p.numel() for _, p in named),
+        "trainable_tensors": len(named),
+        "weights": weights_kind(a),
         "build_s": round(built, 1),
         "iterations": [],
     }
     prompts = ["a photo of an astronaut riding a horse"]
+    peak = PeakMemory(a.device).reset()
     for it in range(2):
-        t0 = time.perf_counter()
-        cond = a.encode_prompts(prompts)
-        gen = torch.Generator().manual_seed(it)
-        noise = a.initial_noise(len(prompts), gen)
-        tree = rollout(a.predict, a.step, spec, cond, noise, generator=[gen])
-        images = a.decode(tree.leaf_latents)
-        rewards = images.float().mean(dim=tuple(range(1, images.ndim)))  # [L] brightness
-        rewards = rewards + 1e-3 * torch.arange(len(rewards))  # random weights may give equal images
-        adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
-        edges = torch.arange(tree.num_edges)
-        optimizer.zero_grad(set_to_none=True)
-        new = recompute_log_probs(a.predict, a.step, tree, edges, cond)
-        deviation = float((new.step.log_prob.detach().float() - tree.edge_old_log_prob[edges].float()).abs().max())
-        out = loss_fn(new.step.log_prob, tree.edge_old_log_prob[edges], adv[edges], group=new.group)
-        out.loss.backward()
-        grads = [p.grad for _, p in params]
-        finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads) and bool(torch.isfinite(out.loss))
-        zero = [n for n, p in params if p.grad is None or not bool(p.grad.ne(0).any())]
-        before = [p.detach().clone() for _, p in params] if family.endswith("_full") and it == 0 else None
-        optimizer.step()
+        step = run_step(algorithm, optimization, prompts, iteration=it)
+        update = step.update
+        loss = float(update.stats.loss) if update.stats is not None else float("nan")
         record = {
-            "nfe": tree.nfe,
-            "trained_edges": int(tree.num_edges),
-            "logprob_deviation": deviation,
-            "loss": float(out.loss),
-            "finite": finite,
-            "zero_grad_tensors": len(zero),
-            "zero_grad_examples": zero[:4],
-            "seconds": round(time.perf_counter() - t0, 1),
+            "nfe": step.grown.tree.nfe,
+            "trained_edges": int(step.grown.keep.sum()),
+            "logprob_deviation": float(update.ratio_dev_at_start) if update.ratio_dev_at_start is not None else None,
+            "loss": loss,
+            "finite": update.fault is None and optimization.finite_gradients and math.isfinite(loss),
+            "zero_grad_tensors": len(optimization.zero_gradient),
+            "zero_grad_examples": optimization.zero_gradient[:4],
+            "seconds": round(step.total_s, 1),
         }
-        if before is not None:  # the first AdamW step on float32 masters, and what bf16 weights would keep
-            moved = [p.detach() != b for (_, p), b in zip(params, before)]
-            # AdamW's first step is lr |g| / (|g| + eps); one above |w| 2^-23 (at least a float32
-            # spacing of w) survives float32 rounding, so a weight with such a step that did not move lost it
-            lr, eps = optimizer.defaults["lr"], optimizer.defaults["eps"]
-            kept = [lr * g.abs() / (g.abs() + eps) > b.abs() * 2.0**-23 for g, b in zip(grads, before)]
-            record["weights"] = sum(b.numel() for b in before)
-            record["steps_below_float32_resolution"] = sum(int((~k).sum()) for k in kept)
-            record["lost_updates"] = sum(int((k & ~m).sum()) for k, m in zip(kept, moved))
-            record["changed_fraction"] = sum(int(m.sum()) for m in moved) / record["weights"]
-            record["changed_fraction_if_bf16_weights"] = (
-                sum(int((p.detach().bfloat16() != b.bfloat16()).sum()) for (_, p), b in zip(params, before))
-                / record["weights"]
-            )
+        if it == 0 and optimization.effect is not None:
+            record.update(optimization.effect)
         row["iterations"].append(record)
+    row["peak_rss_mb"] = round(peak.mb())
+    row["peak_memory"] = peak.kind
     return row
 
 
@@ -336,12 +423,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| family | denoiser parameters (reduced depth) | trained | weights | NFE | trained edges "
         "| max abs log-prob deviation, iterations 1 / 2 | finite | zero-gradient tensors in iteration 2 "
-        "| first step: weights changed (would in bf16), updates lost | s / iteration |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| first step: weights changed (would in bf16), updates lost | peak RSS (MB) | s / iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['family']} | failed: {r['error']} |" + " |" * 9)
+            lines.append(f"| {r['family']} | failed: {r['error']} |" + " |" * 10)
             continue
         i1, i2 = r["iterations"]
         changed = (
@@ -349,11 +436,14 @@ def table(rows: list[dict[str, Any]]) -> str:
             if "changed_fraction" in i1
             else "—"
         )
+        deviation = " / ".join(
+            "—" if i["logprob_deviation"] is None else f"{i['logprob_deviation']:.1e}" for i in (i1, i2)
+        )
         lines.append(
             f"| {r['family']} | {r['denoiser_parameters']:,} | {r['trainable_parameters']:,} | {r['weights']} "
-            f"| {i1['nfe']} | {i1['trained_edges']} | {i1['logprob_deviation']:.1e} / {i2['logprob_deviation']:.1e} "
+            f"| {i1['nfe']} | {i1['trained_edges']} | {deviation} "
             f"| {'yes' if i1['finite'] and i2['finite'] else 'NO'} | {i2['zero_grad_tensors']} | {changed} "
-            f"| {i1['seconds']:.0f} / {i2['seconds']:.0f} |"
+            f"| {r['peak_rss_mb']:,} | {i1['seconds']:.0f} / {i2['seconds']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -376,33 +466,39 @@ def environment(threads: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "real_width",
-                   help="the report, written with the suffixes .json and .md")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="the report, written with the suffixes .json and .md (default benchmarks/results/real_width)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tiny", action="store_true", help="the test suite's tiny pipelines: a check of this script")
     p.add_argument("--one", choices=FAMILIES, help=argparse.SUPPRESS)  # the child process of one family
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(run_family(args.one, args.threads)))
+        print(json.dumps(run_family(args.one, args.threads, args.tiny)))
         return []
+    if args.tiny and args.out is None:
+        p.error("--tiny checks this script, it measures no real width: give --out for its report (e.g. --out /tmp/rw)")
+    out = args.out or Path(__file__).parent / "results" / "real_width"
     rows = []
     for family in args.families:
-        done = subprocess.run(
-            [sys.executable, __file__, "--one", family, "--threads", str(args.threads)], capture_output=True, text=True
-        )
+        child = [sys.executable, __file__, "--one", family, "--threads", str(args.threads)] + ["--tiny"] * args.tiny
+        done = subprocess.run(child, capture_output=True, text=True)
         if done.returncode != 0:
-            rows.append({"family": family, "error": done.stderr.strip().splitlines()[-1][:200]})
+            last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            rows.append({"family": family, "error": last[:200]})
         else:
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     report = {
         "environment": environment(args.threads),
+        "tiny": args.tiny,
         "image_px": IMAGE,
         "video": [FRAMES, VIDEO, VIDEO],
         "rows": rows,
     }
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(
-        f"# Real width, reduced depth: one tree iteration per family (benchmarks/real_width.py)\n\n"
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(
+        f"# Real width, reduced depth: one training iteration per family (benchmarks/real_width.py"
+        f"{' --tiny: the tiny pipelines' if args.tiny else ''})\n\n"
         f"{json.dumps(report['environment'])}\n\n{table(rows)}\n"
     )
     return rows

@@ -1,18 +1,21 @@
 """Tree vs flat at matched leaves: time per iteration and peak memory as the model and T grow.
 
-One *iteration* = the rollout (no grad) + recomputing the log-probs of every trained edge with
-grad + backward + an optimizer step: what a GRPO step costs without the reward model (which both
-pay equally per leaf). Compared, per prompt, at 27 leaves:
+One *iteration* is one ``TreeGRPO.step``, the training step ``fit`` runs, built by ``TreeGRPOModule``
+(benchmarks/_drive.py): the rollout (no grad), decoding and a random reward (a real reward model costs both kinds
+alike per leaf), advantages, then recomputing the log-probs of every trained edge with grad, backward and one AdamW
+step. Compared, per prompt, at 27 leaves:
 
 - ``tree``: TreeGRPO, k=3 at steps 0, 1, 2, ODE elsewhere (13 sources, 39 edges trained);
 - ``flat``: DanceGRPO / Flow-GRPO, 27 chains with the SDE on every step but the last
   (27 (T-1) edges trained, one forward each).
 
-Models are Shapes-architecture transformers (diffusers' SD3Transformer2DModel on 16x16 pixels) with
-random weights, from 0.1M to a few M parameters; T is 10 and 16. Every row runs in a fresh process
-so that its peak RSS (VmHWM, reset after the model is built) is its own.
+Every edge trains (no pruning), in micro-batches of at most ``--max-batch`` parents accumulated into the one
+optimizer step (``--model.accumulate``), which bounds the backward's activations alike for both kinds. Models are
+Shapes-architecture transformers (diffusers' SD3Transformer2DModel on 16x16 pixels) with random weights, from 0.1M
+to a few M parameters; T is 10 and 16. Every row runs in a fresh process so that its peak RSS (VmHWM, reset after
+the warm-up iteration) is its own.
 
-    python benchmarks/rollout_cost.py [--prompts 4] [--repeats 3] [--threads 1]
+    python benchmarks/rollout_cost.py [--prompts 4] [--repeats 3] [--threads 1] [--sizes xs ...] [--steps 10 16]
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import time
 
 import torch
-from _measure import peak_rss_mb, reset_peak_rss, rss_mb
+from _measure import rss_mb
 
 SIZES = {  # name -> (layers, heads, head_dim, text width)
     "xs": (2, 2, 16, 32),
@@ -50,49 +52,44 @@ def spec_of(kind: str, num_steps: int):
 
 
 def measure(size: str, num_steps: int, kind: str, prompts: int, repeats: int, threads: int, max_batch: int) -> dict:
-    from lit_treegrpo.core import ClippedPolicyLoss, recompute_log_probs, rollout, source_minibatches, tree_advantages
+    from _drive import PeakMemory, TorchOptimization, adamw, build_algorithm, random_reward, run_step
+
+    from lit_treegrpo.core.spec import RolloutLimits
 
     torch.set_num_threads(threads)
     adapter = build(size, num_steps)
     spec = spec_of(kind, num_steps)
-    optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-6)
-    loss_fn = ClippedPolicyLoss()
+    parents = spec.train_nfe() * prompts  # every parent of every prompt trains
+    algorithm = build_algorithm(
+        adapter,
+        random_reward(video=False),
+        spec,
+        rollout=RolloutLimits(max_batch=max_batch),
+        accumulate=max(1, -(-parents // max_batch)),
+    )
+    optimization = TorchOptimization(adamw(adapter, lr=1e-6))
     names = [f"a {c} circle" for c in ("red", "green", "blue", "white", "cyan", "yellow", "magenta", "orange")]
-    cond = adapter.encode_prompts([names[i % len(names)] for i in range(prompts)])
+    batch = [names[i % len(names)] for i in range(prompts)]
 
-    def iteration(seed: int) -> tuple[float, float]:
-        gens = [torch.Generator().manual_seed(seed * 100 + i) for i in range(prompts)]
-        noise = torch.cat([adapter.initial_noise(spec.num_trees, g) for g in gens])
-        start = time.perf_counter()
-        tree = rollout(adapter.predict, adapter.step, spec, cond, noise, generator=gens, max_batch=max_batch)
-        rolled = time.perf_counter()
-        rewards = torch.rand(tree.num_leaves, generator=gens[0])  # the reward model is not measured
-        adv = tree_advantages(rewards, tree.edge_parent, tree.leaf_edge, tree.leaf_prompt)
-        keep = torch.ones(tree.num_edges, dtype=torch.bool)
-        # micro-batches of at most max_batch sources bound the backward's activations (both kinds)
-        chunks = max(1, -(-int(tree.source_step.shape[0]) // max_batch))
-        for edges in source_minibatches(tree, keep, num_batches=chunks, generator=gens[0]):
-            new = recompute_log_probs(adapter.predict, adapter.step, tree, edges, cond)
-            out = loss_fn(new.step.log_prob, tree.edge_old_log_prob[edges], adv[edges], group=new.group)
-            (out.loss / chunks).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return rolled - start, time.perf_counter() - rolled
-
-    iteration(0)  # warm-up: lazy initialisation and allocator growth are not the method's cost
-    reset = reset_peak_rss()
+    run_step(algorithm, optimization, batch, iteration=0)  # warm-up: lazy initialisation, allocator growth
+    peak = PeakMemory(adapter.device).reset()
     base = rss_mb()
-    times = [iteration(r + 1) for r in range(repeats)]
-    peak = peak_rss_mb() if reset else float("nan")
+    runs = [run_step(algorithm, optimization, batch, iteration=r + 1) for r in range(repeats)]
+    peak_mb = peak.mb()
     return {
         "params_m": sum(p.numel() for p in adapter.denoiser.parameters()) / 1e6,
-        "rollout_s": statistics.median(t[0] for t in times),
-        "train_s": statistics.median(t[1] for t in times),
-        "nfe": spec.nfe() * prompts,
-        "train_forwards": spec.train_nfe() * prompts,
-        "peak_mb": peak,
-        "increase_mb": peak - base,
+        "rollout_s": statistics.median(r.seconds["rollout"] for r in runs),
+        "reward_s": statistics.median(r.seconds["reward"] + r.seconds["advantages"] for r in runs),
+        "train_s": statistics.median(r.seconds["train"] for r in runs),
+        "nfe": runs[0].grown.tree.nfe,
+        "train_forwards": runs[0].trained_forwards,
+        "peak_mb": peak_mb,
+        "increase_mb": peak_mb - base,
     }
+
+
+def iteration_s(row: dict) -> float:
+    return row["rollout_s"] + row["reward_s"] + row["train_s"]
 
 
 def _child(queue, *args) -> None:
@@ -104,7 +101,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--prompts", type=int, default=4, help="prompts per iteration")
     p.add_argument("--repeats", type=int, default=3, help="timed iterations per row (median)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per measurement")
-    p.add_argument("--max-batch", type=int, default=64, help="nodes per model call / sources per backward")
+    p.add_argument(
+        "--max-batch", type=int, default=64, help="nodes per rollout model call / parents per training forward"
+    )
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="model sizes")
     p.add_argument("--steps", nargs="+", type=int, default=[10, 16], help="denoising steps T")
     args = p.parse_args(argv)
@@ -115,10 +114,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{args.threads} thread(s), max_batch {args.max_batch}\n"
     )
     print(
-        "| model | params (M) | T | kind | NFE rollout | train forwards | rollout s | train s | iteration s "
-        "| flat / tree | peak RSS (MB) | peak increase (MB) |"
+        "| model | params (M) | T | kind | NFE rollout | train forwards | rollout s | reward s | train s "
+        "| iteration s | flat / tree | peak RSS (MB) | peak increase (MB) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
         for num_steps in args.steps:
             pair = {}
@@ -129,20 +128,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     args=(queue, size, num_steps, kind, args.prompts, args.repeats, args.threads, args.max_batch),
                 )
                 proc.start()
-                r = queue.get()
-                proc.join()
+                proc.join()  # the child's one small row fits the queue's pipe, so it can exit before it is read
                 if proc.exitcode != 0:
                     raise RuntimeError(f"{size} T={num_steps} {kind} failed with exit code {proc.exitcode}")
+                r = queue.get()
                 pair[kind] = r = {"model": size, "T": num_steps, "kind": kind, **r}
                 rows.append(r)
-            tree_s = pair["tree"]["rollout_s"] + pair["tree"]["train_s"]
+            tree_s = iteration_s(pair["tree"])
             for kind, r in pair.items():
-                total = r["rollout_s"] + r["train_s"]
+                total = iteration_s(r)
                 ratio = f"{total / tree_s:.2f}x" if kind == "flat" else "1x"
                 print(
                     f"| {size} | {r['params_m']:.2f} | {num_steps} | {kind} | {r['nfe']} | {r['train_forwards']} | "
-                    f"{r['rollout_s']:.3f} | {r['train_s']:.3f} | {total:.3f} | {ratio} | {r['peak_mb']:.0f} | "
-                    f"{r['increase_mb']:.0f} |",
+                    f"{r['rollout_s']:.3f} | {r['reward_s']:.3f} | {r['train_s']:.3f} | {total:.3f} | {ratio} | "
+                    f"{r['peak_mb']:.0f} | {r['increase_mb']:.0f} |",
                     flush=True,
                 )
     return rows

@@ -137,3 +137,82 @@ def logged_metrics(model: pl.LightningModule) -> list[dict[str, float]]:
 
     model.log_dict = keep
     return logged
+
+
+class CountGradientSyncs(pl.Callback):
+    """Counts this rank's gradient collectives per training iteration beside its optimizer steps: FSDP2's
+    reduce-scatters (``torch.distributed.reduce_scatter_tensor``, wrapped) or DDP's bucket all-reduces (a comm
+    hook that counts, then all-reduces as DDP's default does). Also writes the memory guard's gradient figure
+    beside the bytes of gradient this rank holds, and the trained tensors' dtypes. ``defer: false`` makes every
+    micro-batch sync (FSDP2: the memory guard's choice when the unsharded gradients do not fit; DDP: Lightning's
+    no_sync skipped): the version to compare with. Writes ``<folder>/rank<r>.json`` at the end of training."""
+
+    def __init__(self, folder: str, defer: bool = True) -> None:
+        self.folder, self.defer = Path(folder), defer
+        self.calls, self.per_iteration, self.steps_before = 0, [], 0
+
+    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        import torch.distributed as dist
+
+        for name in ("reduce_scatter_tensor", "reduce_scatter_single"):  # FSDP2 calls the latter in torch >= 2.12
+            if hasattr(dist, name):
+                setattr(dist, name, self._counted(getattr(dist, name)))
+        if not self.defer:
+            memory = pl_module.algorithm.memory
+            decide = memory._decide_gradient_sync
+
+            def never(*args: Any, **kwargs: Any) -> Any:
+                estimate = decide(*args, **kwargs)
+                memory.defer_sync = False
+                return estimate
+
+            memory._decide_gradient_sync = never
+
+    def _counted(self, collective: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return collective(*args, **kwargs)
+
+        return counted
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = trainer.strategy.model
+        if isinstance(model, DistributedDataParallel):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            # a lambda: DDP refuses a hook whose bucket annotation is not dist.GradBucket itself (a string here)
+            model.register_comm_hook(None, lambda state, bucket: self._counted(allreduce_hook)(state, bucket))
+            if not self.defer:  # DDP's no_sync skipped: every micro-batch all-reduces
+                import contextlib
+
+                trainer.strategy.block_backward_sync = contextlib.nullcontext
+        self.steps_before = trainer.global_step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        self.per_iteration.append([self.calls, trainer.global_step - self.steps_before])
+        self.calls, self.steps_before = 0, trainer.global_step
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        import json
+
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in pl_module.modules():  # FSDP2 leaves the root gathered (bf16) after its last forward
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        params = pl_module.adapter.trainable_parameters()
+        memory = pl_module.algorithm.memory
+        record = {
+            "per_iteration": self.per_iteration,
+            "defer_sync": memory.defer_sync,
+            "guard_gradients": memory.memory.fixed["gradients"] if memory.memory is not None else None,
+            "held_gradient_bytes": sum(
+                (p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in params
+            ),
+            "global_gradient_bytes": sum(p.numel() * p.element_size() for p in params),
+            "dtypes": sorted({str(p.dtype) for p in params}),
+        }
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

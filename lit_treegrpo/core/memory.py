@@ -241,6 +241,17 @@ def training_memory(
     )
 
 
+def shard_elements(shape: tuple[int, ...], shards: int) -> int:
+    """Elements of a tensor of ``shape`` on the rank holding the most of it when FSDP2 shards it ``shards`` ways:
+    dim 0 in ``shards`` chunks of ceil(rows / shards) rows (``torch.chunk``'s split), the first rank's the largest."""
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    if not shape:
+        return 1
+    rows = -(-shape[0] // shards)  # ceil
+    return rows * math.prod(shape[1:])
+
+
 def parents_per_rank(spec: TreeSpec, num_prompts: int) -> int:
     """Sources (parents) of one rank's rollout: every training forward row there is to train on."""
     return num_prompts * sum(spec.nodes_at(t) for t in range(spec.num_steps) if spec.is_stochastic(t))
@@ -260,6 +271,7 @@ __all__ = [
     "count_saved_tensors",
     "format_bytes",
     "held_tree_bytes",
+    "shard_elements",
     "largest_micro_batch",
     "parents_per_rank",
     "rollout_memory",

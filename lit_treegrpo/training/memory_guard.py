@@ -27,6 +27,7 @@ from ..core.memory import (
     largest_micro_batch,
     parents_per_rank,
     rollout_memory,
+    shard_elements,
     training_memory,
 )
 from ..core.rollout import index_cond
@@ -80,6 +81,8 @@ class MemoryCheck:
         self.limit = ""  # the budget it was compared with, for the announcement
         self.checked = False
         self.announced = False
+        #: FSDP2: one reduce-scatter per optimizer step (True) or one per micro-batch; decided by :meth:`check`
+        self.defer_sync = True
 
     @property
     def active(self) -> bool:
@@ -162,17 +165,19 @@ class MemoryCheck:
     ) -> None:
         saved = probe_training(adapter, spec, cond, noise)
         params = adapter.trainable_parameters()
+        gradients, state = training_state_bytes(params, optimizer)
         memory = training_memory(
             saved,
             checkpointing=adapter.gradient_checkpointing,
-            trainable_bytes=sum(p.numel() * p.element_size() for p in params),
-            optimizer_state_bytes=optimizer_state_bytes(optimizer, params),
+            trainable_bytes=gradients,
+            optimizer_state_bytes=state,
             held_bytes=held_tree_bytes(
                 spec, num_prompts, tuple(noise.shape[1:]), noise.dtype, cond_bytes=cond_row_bytes(cond)
             ),
         )
         largest = largest_micro_batch(parents_per_rank(spec, num_prompts), micro_batches)
         available_bytes, where = available
+        memory = self._decide_gradient_sync(memory, params, available_bytes, any_rank)
         if available_bytes is None:
             warnings.warn(
                 f"memory guard: the available memory is {where}, so the training pass's estimated "
@@ -203,6 +208,29 @@ class MemoryCheck:
             self.limit = f"{format_bytes(limit)} ({where} x {self.options.fraction})"
         if self.cap is not None and largest > self.cap:
             self.announce(largest)
+
+    def _decide_gradient_sync(
+        self, memory: TrainingMemory, params: list[nn.Parameter], available: int | None, any_rank: AnyRank
+    ) -> TrainingMemory:
+        """Under FSDP2, whether the micro-batches of one optimizer step share one reduce-scatter (:attr:`defer_sync`):
+        they do when every rank can hold the unsharded gradients that accumulate until then; otherwise each
+        micro-batch reduce-scatters (FSDP2's memory-saving default), said once. The estimate it returns counts
+        what the choice holds."""
+        unsharded = unsharded_gradient_bytes(params)
+        if not unsharded:  # nothing sharded: DDP and one device defer through Lightning's no_sync as they are
+            self.defer_sync = True
+            return memory
+        deferred = TrainingMemory(memory.per_parent, {**memory.fixed, "unsharded gradients": unsharded})
+        fits = available is None or deferred.total(1) <= available * self.options.fraction
+        self.defer_sync = not any_rank(not fits)
+        if self.defer_sync:
+            return deferred
+        rank_zero_info(
+            f"memory guard: FSDP2 reduce-scatters the gradients after every micro-batch: holding them unsharded until "
+            f"the optimizer step ({format_bytes(unsharded)} on this rank) does not fit beside the rest "
+            f"({deferred.describe(1)})"
+        )
+        return memory
 
     def chunks(self, parents: list[int]) -> list[int]:
         """Forwards for micro-batches of ``parents`` parents each on this rank: one while they fit."""
@@ -319,9 +347,35 @@ def _reshard_fsdp(module: nn.Module) -> None:
             submodule.reshard()
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> int:
-    """Bytes ``optimizer`` will allocate for those of ``params`` it holds no state for yet: Adam's
-    two moments (three with amsgrad), SGD's momentum buffer if any, two per parameter otherwise."""
+def held_elements(p: Tensor, shards: int = 1) -> int:
+    """Elements of ``p`` this rank holds: an FSDP2 parameter's (a DTensor's) local shard, whose ``numel()`` is the
+    global size; a plain tensor whole, or as its largest shard when ``shards`` > 1 says how FSDP2 would split it
+    (the estimate of a sharded run made on one process, e.g. on the meta device)."""
+    local = getattr(p, "to_local", None)
+    if local is not None:
+        return local().numel()
+    return p.numel() if shards == 1 else shard_elements(tuple(p.shape), shards)
+
+
+def training_state_bytes(
+    params: list[nn.Parameter], optimizer: torch.optim.Optimizer | None, shards: int = 1
+) -> tuple[int, int]:
+    """(gradient bytes, optimizer-state bytes still to allocate) that this rank holds for ``params``: one rule for
+    one device, DDP (whole tensors) and FSDP2 (local shards; see :func:`held_elements`)."""
+    gradients = sum(held_elements(p, shards) * p.element_size() for p in params)
+    return gradients, optimizer_state_bytes(optimizer, params, shards)
+
+
+def unsharded_gradient_bytes(params: list[nn.Parameter]) -> int:
+    """Bytes of the whole (unsharded) gradients of the FSDP2-sharded ``params``, which accumulate on every rank while
+    gradient sync is deferred over micro-batches (0 when nothing is sharded)."""
+    return sum(p.numel() * p.element_size() for p in params if hasattr(p, "to_local"))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter], shards: int = 1) -> int:
+    """Bytes ``optimizer`` will allocate on this rank for those of ``params`` it holds no state for yet (their
+    :func:`held_elements`): Adam's two moments (three with amsgrad), SGD's momentum buffer if any, two per
+    parameter otherwise."""
     groups = optimizer.param_groups if optimizer is not None else [{"params": params}]
     size = 0
     for group in groups:
@@ -332,6 +386,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None, params: list[
         else:
             copies = 2
         size += copies * sum(
-            p.numel() * p.element_size() for p in group["params"] if optimizer is None or not optimizer.state.get(p)
+            held_elements(p, shards) * p.element_size()
+            for p in group["params"]
+            if optimizer is None or not optimizer.state.get(p)
         )
     return size

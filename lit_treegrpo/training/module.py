@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from .predictions import save_predictions
 from .prompt_cache import PromptCache, PromptCacheSettings
 from .resume import ConfiguredOptimizer, reward_record
 from .settings import AdvantageSettings, UpdateSettings, check_unused_parameters, check_val_samples
-from .sharding import data_parallel_mesh
+from .sharding import data_parallel_mesh, fsdp_gradient_sync
 from .step_log import HEADLINE_HELD_OUT, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
 
 #: the seed of validation / test / predict samples (seeds VAL_SEED, VAL_SEED + 1, ... per prompt)
@@ -361,8 +363,13 @@ class _ManualOptimization:
         self.module = module
         self.optimizer = module.optimizers()
 
-    def toggle(self, sync: bool) -> Any:
-        return self.optimizer.toggle_model(sync_grad=sync)
+    @contextlib.contextmanager
+    def toggle(self, sync: bool) -> Iterator[None]:
+        # Lightning's toggle_model skips DDP's sync with no_sync, but does nothing under ModelParallelStrategy: FSDP2
+        # is told itself, when the memory guard found room for the unsharded gradients until the optimizer step
+        defer = not sync and self.module.algorithm.memory.defer_sync
+        with self.optimizer.toggle_model(sync_grad=sync), fsdp_gradient_sync(self.module, not defer):
+            yield
 
     def backward(self, loss: Tensor) -> None:
         self.module.manual_backward(loss)

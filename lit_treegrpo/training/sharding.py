@@ -1,9 +1,14 @@
 """Sharding under ``ModelParallelStrategy`` (FSDP2): :func:`data_parallel_mesh`, the mesh dimension
-the adapter's denoiser shards over (the module's ``configure_model``)."""
+the adapter's denoiser shards over (the module's ``configure_model``), and :func:`fsdp_gradient_sync`, which
+defers the gradient reduce-scatter over the micro-batches of one optimizer step."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 
 def data_parallel_mesh(device_mesh: Any, world_size: int) -> Any:
@@ -16,3 +21,22 @@ def data_parallel_mesh(device_mesh: Any, world_size: int) -> Any:
             f"trainer.strategy.init_args.data_parallel_size: {world_size} and tensor_parallel_size: 1"
         )
     return device_mesh["data_parallel"]
+
+
+@contextlib.contextmanager
+def fsdp_gradient_sync(module: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """FSDP2's gradient reduce-scatter on (``sync``) or off for the backward passes inside, on every sharded module of
+    ``module`` (off: each rank accumulates unsharded gradients until a backward with sync on)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if sync or not sharded:
+        yield
+        return
+    for m in sharded:
+        m.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in sharded:
+            m.set_requires_gradient_sync(True, recurse=False)

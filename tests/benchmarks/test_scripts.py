@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,29 +15,107 @@ sys.path.insert(0, str(BENCH))
 
 import gpu_sd35  # noqa: E402
 import real_width  # noqa: E402
+import rollout_cost  # noqa: E402
 import step_noise  # noqa: E402
 import training_memory  # noqa: E402
 
+#: what a training loop of its own would call: the engine's rollout and loss pieces, or a backward pass
+LOOP_PARTS = {"rollout", "recompute_log_probs", "edge_loss", "tree_advantages", "source_minibatches", "backward"}
 
-@pytest.mark.slow  # the GPU benchmark on a tiny model, on CPU
+
+def calls_in(node: ast.AST) -> set[str]:
+    """The names called under ``node``: ``f(...)`` gives ``f``, ``x.f(...)`` gives ``f``."""
+    calls = (n.func for n in ast.walk(node) if isinstance(n, ast.Call))
+    return {f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "") for f in calls}
+
+
+def parsed(script: str) -> ast.Module:
+    return ast.parse((BENCH / script).read_text())
+
+
+@pytest.mark.parametrize("script", ["gpu_sd35.py", "real_width.py", "rollout_cost.py"])
+def test_the_benchmarks_run_the_training_step_of_fit_not_a_loop_of_their_own(script: str) -> None:
+    called = calls_in(parsed(script))
+    assert "run_step" in called and "build_algorithm" in called, script  # benchmarks/_drive.py
+    assert not called & LOOP_PARTS, (script, called & LOOP_PARTS)
+
+
+def test_the_drive_steps_the_treegrpo_the_module_builds() -> None:
+    module = parsed("_drive.py")
+    functions = {f.name: f for f in ast.walk(module) if isinstance(f, ast.FunctionDef)}
+    run_step = functions["run_step"]
+    assert ast.unparse(run_step.args.args[0].annotation) == "TreeGRPO"
+    assert "step" in calls_in(run_step) and "end_step" in calls_in(run_step)
+    assert "TreeGRPOModule" in calls_in(functions["build_algorithm"])
+    # its one backward pass is the Optimization's, which TreeGRPO's update calls
+    assert [name for name, f in functions.items() if "backward" in calls_in(f)] == ["backward"]
+    assert not calls_in(module) & (LOOP_PARTS - {"backward"})
+
+
+def test_gpu_sd35_runs_lora_and_full_fine_tuning_and_measures_their_memory(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo",
+                             "--json", str(out)])  # fmt: skip
+    for training in ("lora", "full"):
+        row = results[training]["treegrpo"]
+        assert row["nfe"] == 202 and row["train_forwards"] == 13 and row["optimizer_steps"] == 4, training
+        assert math.isfinite(row["peak_gib"]) and row["peak_gib"] > 0, training
+    written = json.loads(out.read_text())
+    assert written["peak_memory"].startswith("peak RSS") and written["results"] == json.loads(json.dumps(results))
+
+
+@pytest.mark.slow  # the GPU benchmark's comparison on a tiny model, on CPU
 def test_gpu_sd35_runs_its_code_path_on_a_tiny_transformer(capsys) -> None:
-    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo", "dancegrpo_g27"])
-    assert results["treegrpo"]["leaves"] == results["dancegrpo_g27"]["leaves"] == 27
-    assert results["treegrpo"]["nfe"] == 202 and results["dancegrpo_g27"]["nfe"] == 270
-    assert results["treegrpo"]["train_forwards"] == 13  # one forward per branching node
-    assert results["dancegrpo_g27"]["train_forwards"] == 27 * 6  # 60% of 9 SDE steps, 27 chains
+    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo", "dancegrpo_g27",
+                             "--training", "lora"])  # fmt: skip
+    rows = results["lora"]
+    assert rows["treegrpo"]["leaves"] == rows["dancegrpo_g27"]["leaves"] == 27
+    assert rows["treegrpo"]["nfe"] == 202 and rows["dancegrpo_g27"]["nfe"] == 270
+    assert rows["treegrpo"]["train_forwards"] == 13  # one forward per branching node
+    assert rows["dancegrpo_g27"]["train_forwards"] == 27 * 6  # 60% of 9 SDE steps, 27 chains
+    assert rows["dancegrpo_g27"]["optimizer_steps"] == 3  # DanceGRPO's preset
     assert "speed-up vs dancegrpo_g27" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # the GPU benchmark's switches on a tiny model, on CPU
 def test_gpu_sd35_switches_run_and_are_written(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo",
-                             "--precision", "bf16-mixed", "--prompt-cache", "--json", str(out)])  # fmt: skip
+    results = gpu_sd35.main(["--tiny", "--device", "cpu", "--repeats", "1", "--methods", "treegrpo", "--training",
+                             "lora", "--precision", "bf16-mixed", "--prompt-cache", "--json", str(out)])  # fmt: skip
     written = json.loads(out.read_text())
     assert written["switches"]["precision"] == "bf16-mixed" and written["switches"]["prompt_cache"] is True
-    assert written["methods"]["treegrpo"]["nfe"] == results["treegrpo"]["nfe"] == 202
-    assert results["treegrpo"]["reward_s"] >= 0 and results["treegrpo"]["total_s"] > 0
+    assert written["results"]["lora"]["treegrpo"]["nfe"] == results["lora"]["treegrpo"]["nfe"] == 202
+    assert results["lora"]["treegrpo"]["reward_s"] >= 0 and results["lora"]["treegrpo"]["total_s"] > 0
+
+
+def test_rollout_cost_times_tree_and_flat_through_the_training_step_with_their_memory() -> None:
+    tree, flat = (rollout_cost.measure("xs", 10, kind, 1, 1, 1, 64) for kind in ("tree", "flat"))
+    assert (tree["nfe"], tree["train_forwards"]) == (202, 13)  # one training forward per branching node
+    assert (flat["nfe"], flat["train_forwards"]) == (270, 27 * 9)  # every SDE step of 27 chains
+    for row in (tree, flat):
+        assert math.isfinite(row["peak_mb"]) and row["peak_mb"] > 0 and row["train_s"] > 0
+
+
+@pytest.mark.parametrize("family", ["sd35_medium", "sd35_medium_full"])
+def test_real_width_trains_as_the_configs_load_and_measures_its_memory(family: str) -> None:
+    row = real_width.run_family(family, threads=1, tiny=True)  # the tiny pipeline: this script's code path
+    first, second = row["iterations"]
+    assert first["finite"] and second["finite"] and second["zero_grad_tensors"] == 0
+    assert first["logprob_deviation"] <= 1e-3  # bf16 compute
+    assert math.isfinite(row["peak_rss_mb"]) and row["peak_rss_mb"] > 0
+    if family.endswith("_full"):  # float32 masters keep every update bf16 weights would round away
+        assert row["weights"] == "float32 masters, bfloat16 compute"
+        assert first["lost_updates"] == 0 and first["changed_fraction"] > first["changed_fraction_if_bf16_weights"]
+    else:
+        assert row["weights"].endswith("LoRA over bfloat16 weights")
+
+
+@pytest.mark.slow  # a fresh process per family, as a real-width run
+def test_real_width_writes_its_report_with_a_memory_column(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    rows = real_width.main(["--tiny", "--families", "sd35_medium", "--out", str(out)])
+    assert "error" not in rows[0] and rows[0]["peak_rss_mb"] > 0
+    assert "| peak RSS (MB) |" in out.with_suffix(".md").read_text()
 
 
 def test_gpu_sd35_without_a_gpu_says_how_to_run_it(capsys) -> None:

@@ -201,3 +201,14 @@ def test_parents_and_the_largest_micro_batch() -> None:
     assert [largest_micro_batch(6, m) for m in (1, 2, 4, 6, 10)] == [6, 3, 2, 1, 1]
     # what the training pass holds of the tree: sources, edges, leaves (4096 B each), the prompts' cond
     assert held_tree_bytes(spec, 2, (4, 16, 16), torch.float32, cond_bytes=1000) == (3 + 6 + 4) * 2 * 4096 + 2 * 1000
+
+
+def test_shard_elements_is_the_largest_chunk_of_dim_0() -> None:
+    from lit_treegrpo.core.memory import shard_elements
+
+    assert shard_elements((10, 3), 4) == 3 * 3  # rows 10 in chunks of ceil(10 / 4) = 3: 3, 3, 3, 1
+    assert shard_elements((8, 5, 2), 8) == 1 * 10
+    assert shard_elements((5,), 8) == 1  # fewer rows than ranks: one row each, three ranks empty
+    assert shard_elements((), 8) == 1 and shard_elements((7, 2), 1) == 14
+    with pytest.raises(ValueError, match="shards must be >= 1, got 0"):
+        shard_elements((4,), 0)
