@@ -17,6 +17,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from ..common.values import check_arguments
+from ..core.compute import ComputeCost
 from ..core.loss import ClippedPolicyLoss, check_kl_reference
 from ..core.spec import RolloutLimits, TreeSpec
 from ..data.datamodule import PromptDataModule
@@ -64,9 +65,9 @@ def _build_named(prefix: str, make: Any) -> Any:
 
 
 def _nan_options(value: Any, option: str) -> list[str]:
-    """The options under ``value`` (a parsed section) whose value is a float NaN."""
+    """The options under ``value`` (a parsed section) whose value is a float NaN or infinity."""
     if isinstance(value, float):
-        return [option] if math.isnan(value) else []
+        return [option] if not math.isfinite(value) else []
     if isinstance(value, Namespace):
         value = value.as_dict()
     if isinstance(value, dict):
@@ -86,6 +87,15 @@ PATH_OPTIONS = {
     "data.prompts": "give a prompt file or the name of a built-in prompt set",
     "data.val_prompts": "give a prompt file, or leave the option out to hold out --data.val_fraction of the prompts",
 }
+
+
+def _value_at(config: Any, option: str) -> Any:
+    """The value of ``option`` (``--model.a.b[2]``) in a parsed configuration."""
+    value: Any = config
+    for key, index in re.findall(r"\.?([^.\[\]]+)|\[(\d+)\]", option.removeprefix("--")):
+        value = _plain(value)
+        value = value[int(index)] if index else value[key]
+    return value
 
 
 def _class_specs(value: Any, option: str) -> list[tuple[str, Any]]:
@@ -149,7 +159,11 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
         found for section in ("model", "data", "trainer") for found in _nan_options(config.get(section), f"--{section}")
     ]
     if nans:
-        raise UserError(f"{nans[0]}: nan is not a value any option accepts; give a number")
+        value = _value_at(config, nans[0])
+        raise UserError(
+            f"{nans[0]}: {value} is not a value any option accepts; give a finite number "
+            "(an option that can be turned off takes null)"
+        )
     check_paths(config)
     check_trainer(_plain(config["trainer"]), subcommand)
     model = config["model"]
@@ -160,6 +174,9 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     check_reward_arguments(names, _plain(model.get("reward_kwargs")) or {})
     check_optimizer(model.get("optimizer"), "--model.optimizer")
     check_optimizer(config.get("optimizer"), "--optimizer")  # LightningCLI's own, when given
+    check_lr_schedule(model.get("optimizer"), model.get("lr_scheduler"), _plain(config["trainer"]))
+    check_adapter_arguments(model.get("adapter"))
+    _build_named("--model.", lambda: ComputeCost(**(_plain(model.get("compute_cost")) or {})))
     # the module's own option objects, built as the module builds them (each checks itself)
     tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
     _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
@@ -249,6 +266,79 @@ def check_optimizer(spec: Any, option: str) -> None:
         named = [k for k in trial if re.search(rf"\b{re.escape(k)}\b", message)]
         where = f"{option}.init_args.{named[0]}" if named else f"{option}.init_args"
         raise UserError(f"{where}: {spec['class_path']} refuses it: {message}") from err
+
+
+# ------------------------------------------------------------------------ the learning-rate schedule
+#: the most optimizer steps a schedule is simulated over (a run without max_steps: this many)
+SCHEDULE_STEPS = 100_000
+
+
+def check_lr_schedule(optimizer: Any, scheduler: Any, trainer: dict[str, Any]) -> None:
+    """Run ``--model.lr_scheduler`` over the run's optimizer steps on a one-value optimizer before any model loads:
+    a rate that turns negative or non-finite, or a schedule that raises (``StepLR step_size 0`` divides by zero), is
+    refused in one line naming the schedule's options, where it would otherwise train backwards or fail mid-run."""
+    scheduler, optimizer = _plain(scheduler), _plain(optimizer)
+    if not isinstance(scheduler, dict) or "class_path" not in scheduler:
+        return
+    import torch
+
+    option = "--model.lr_scheduler"
+    param = [torch.nn.Parameter(torch.zeros(1))]
+    if isinstance(optimizer, dict) and "class_path" in optimizer:
+        module, _, name = optimizer["class_path"].rpartition(".")
+        args = {k: v for k, v in (optimizer.get("init_args") or {}).items() if k not in _DEVICE_ARGS}
+        trial = getattr(importlib.import_module(module), name)(param, **args)
+    else:
+        trial = torch.optim.AdamW(param)
+    module, _, name = scheduler["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    max_steps = trainer.get("max_steps")
+    steps = min(max_steps, SCHEDULE_STEPS) if is_number(max_steps) and max_steps > 0 else SCHEDULE_STEPS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "step() before optimizer.step()": nothing trains here
+        try:
+            schedule = cls(trial, **(scheduler.get("init_args") or {}))
+            for step in range(steps + 1):
+                rates = [group["lr"] for group in trial.param_groups]
+                bad = [r for r in rates if not (isinstance(r, (int, float)) and math.isfinite(r) and r >= 0)]
+                if bad:
+                    raise UserError(
+                        f"{option}: {scheduler['class_path']} {scheduler.get('init_args') or {}} sets the learning "
+                        f"rate to {bad[0]} at optimizer step {step}; a rate must stay finite and >= 0 over the run's "
+                        f"{steps} steps: fix the schedule's arguments"
+                    )
+                if step < steps:
+                    schedule.step()
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError) as err:
+            raise UserError(
+                f"{option}: {scheduler['class_path']} {scheduler.get('init_args') or {}} fails: "
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}; fix the "
+                "schedule's arguments"
+            ) from err
+
+
+# ------------------------------------------------------------------------ the adapter
+#: adapter arguments checked by name before the model is built (the family's finer rules, e.g. a resolution's
+#: multiple of its VAE and patch, are checked when it is built): the test and what it wants
+_ADAPTER_RULES = {
+    "num_steps": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),
+    "decode_batch_size": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),
+    "guidance_scale": (lambda v: v >= 0, ">= 0 (<= 1 turns classifier-free guidance off)"),
+    "noise_level": (lambda v: v > 0, "> 0 (the SDE steps' noise; 0 samples nothing to learn from)"),
+    "resolution": (lambda v: v >= 8 and v % 8 == 0, "a multiple of 8 (every family's VAE downsamples by 8), >= 8"),
+    "num_frames": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),
+}
+
+
+def check_adapter_arguments(adapter: Any) -> None:
+    """Refuse an adapter argument outside its range in one line naming the option, before the weights load."""
+    adapter = _plain(adapter)
+    if not isinstance(adapter, dict):
+        return
+    for name, value in (adapter.get("init_args") or {}).items():
+        rule = _ADAPTER_RULES.get(name)
+        if rule is not None and is_number(value) and not rule[0](value):
+            raise UserError(f"--model.adapter.init_args.{name} must be {rule[1]}, got {value}")
 
 
 # ------------------------------------------------------------------------ the rewards' loaders

@@ -162,6 +162,30 @@ def _one_pruning_owner(callbacks: Any) -> None:
             f"--trainer.callbacks has {names.count('PruningSchedule')} PruningSchedule callbacks; a fit has one "
             "pruning: keep one (its options express every schedule and every fixed pruning)"
         )
+    paths = [str(c.get("class_path", "")) for c in callbacks if isinstance(c, dict)]
+    for path in dict.fromkeys(paths):
+        if paths.count(path) > 1 and _keeps_one_state_per_type(path):
+            raise UserError(
+                f"--trainer.callbacks has {paths.count(path)} {path.rsplit('.', 1)[-1]} callbacks; each keeps its "
+                "state in the checkpoint under its type's name, so a fit can hold one: keep one"
+            )
+
+
+def _keeps_one_state_per_type(class_path: str) -> bool:
+    """Whether a callback class saves state under Lightning's default key, its type's name (two of one type then
+    collide: Lightning refuses them with a traceback once the model has loaded)."""
+    import importlib
+
+    from lightning.pytorch.callbacks import Callback
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False  # jsonargparse names a class that cannot be imported
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        return False
+    return cls.state_dict is not Callback.state_dict and cls.state_key is Callback.state_key
 
 
 #: --trainer.precision values that keep every trained weight in float32 (the model computes in the autocast dtype)

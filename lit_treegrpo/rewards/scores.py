@@ -63,7 +63,34 @@ def check_scores(scores: object, count: int, name: str) -> Tensor:
         raise RewardOutputError(
             f"reward '{name}' returned scores of shape {list(scores.shape)} for {count} images; {fix}"
         )
-    return scores.reshape(count).float()
+    scores = scores.reshape(count)
+    narrowed = scores.float()
+    if scores.dtype != torch.float32:
+        _check_float32_resolves(scores, narrowed, name)
+    return narrowed
+
+
+#: float32 must tell a batch's scores apart to this fraction of their spread
+_RESOLUTION = 1e-3
+
+
+def _check_float32_resolves(scores: Tensor, narrowed: Tensor, name: str) -> None:
+    """Refuse wider scores (float64) that float32, which the advantages and logs use, cannot tell apart: scores near
+    1e9 lie 64 apart in float32, so a batch whose spread is a few hundred collapses to a few values and trains on
+    nothing, silently."""
+    finite = scores[torch.isfinite(scores)].double()  # [N] (a non-finite score is check_finite's to name)
+    if finite.numel() < 2:
+        return
+    spread, largest = float(finite.max() - finite.min()), float(finite.abs().max())
+    spacing = float(torch.finfo(torch.float32).eps) * largest
+    # differences below 1e-9 of the scores' size are float64 rounding of equal scores, not a signal to keep
+    if spread > 1e-9 * largest and spacing > _RESOLUTION * spread:
+        distinct, kept = torch.unique(finite).numel(), torch.unique(narrowed[torch.isfinite(scores)]).numel()
+        raise RewardOutputError(
+            f"reward '{name}' returned {scores.dtype} scores around {float(finite.abs().max()):.3g} whose spread "
+            f"{spread:.3g} float32 resolves only to {spacing:.3g} ({distinct} distinct values become {kept}); "
+            "return scores on a scale float32 keeps apart, e.g. minus a fixed offset or divided by a fixed scale"
+        )
 
 
 def check_reward_scores(scores: object, count: int, name: str) -> RewardScores:

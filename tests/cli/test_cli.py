@@ -348,7 +348,7 @@ def test_a_parse_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
         ),
         (
             ["--model.optimizer.lr", ".nan"],
-            "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a number",
+            "--model.optimizer.init_args.lr: nan is not a value any option accepts; give a finite number",
         ),
         (
             ["--model.tree.branching", "1"],
