@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 import time
 import warnings
@@ -37,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import plan, plots, report  # noqa: E402
 from compare.methods import VARIANT_OF, RunSpec  # noqa: E402
-from compare.runs import RunCache, RunRecordError, timing  # noqa: E402
+from compare.runs import InputError, RunCache, RunRecordError, kind_of, regular_file, timing  # noqa: E402
+
+from lit_treegrpo.common.files import MiB, read_text_limited  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPORTED = RESULTS / "shapes_cpu_750k"
@@ -45,6 +48,11 @@ CEILINGS = RESULTS / "shapes_cpu_1200k"
 REPORTED_DESIGN = next(name for name, design in plan.DESIGNS.items() if design is plan.FULL)
 STOP = "STOP"
 """A file of this name in ``runs/`` tells every ``--work`` process to stop after its current run."""
+#: the largest --docs file read (docs/results.md is about 50 KB) and the largest timing.json (about 5 KB)
+MAX_DOC_BYTES = 4 * MiB
+MAX_TIMING_BYTES = 4 * MiB
+#: what --report writes into --out besides the plots (plots.draw's names)
+REPORT_FILES = ("results.json", "report.md", "reward_vs_compute.png", "reward_vs_nfe.png", "reward_vs_seconds.png")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -319,7 +327,7 @@ def write_report(
     if ceiling_out is not None and ceiling_out.is_dir():
         chosen = {m: s.chosen for m, s in plan.sweeps_of(cache, design).items()}
         longer = report.ceiling_runs(ceiling_out, chosen)
-    timing = json.loads(saved.read_text()) if saved.is_file() else None
+    timing = read_timing(saved)
     results = report.summarise(cache, design, timing, longer=longer)
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, allow_nan=False))
     for path in plots.draw(results, out) if results["methods"] else []:
@@ -332,9 +340,90 @@ def write_report(
         print("\nnot complete: " + "; ".join(results["missing"]))
     for doc in docs:
         generated = results["headline"] if doc.name == "README.md" else text + plot_links(results, out, doc)
-        doc.write_text(report.replace_generated(doc.read_text(), generated, str(doc)))
+        doc.write_text(report.replace_generated(read_doc(doc), generated, str(doc)))
         print(f"rewrote the generated region of {doc}")
     return results
+
+
+def read_timing(path: Path) -> dict[str, Any] | None:
+    """``--out``'s timing.json (None when there is none), checked: a regular file (a FIFO would block
+    the read), bounded, a JSON object of per-method objects under ``methods``, as ``--timing`` writes."""
+    fix = "delete it, or measure again with --timing"
+    if not regular_file(path, "a timing file", fix):
+        return None
+    try:
+        saved = json.loads(read_text_limited(path, MAX_TIMING_BYTES, "timing file"))
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: not a timing file (invalid JSON: {err.msg} at line {err.lineno}); {fix}") from None
+    except ValueError as err:  # too large, or not UTF-8
+        raise InputError(f"{err}; {fix}") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror}); {fix}") from None
+    methods = saved.get("methods") if isinstance(saved, dict) else None
+    if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
+        raise InputError(f"{path}: not a timing file (no object of methods' timings under 'methods'); {fix}")
+    return saved
+
+
+def read_doc(doc: Path) -> str:
+    """The text of a ``--docs`` file, checked before any work: a regular file (told without opening
+    it), bounded, UTF-8, writable, with exactly one generated region."""
+    fix = f"give --docs files with one generated region ({report.BEGIN} ... {report.END}), or leave {doc} out"
+    if not regular_file(doc, "a Markdown file", fix):
+        raise InputError(f"--docs {doc} does not exist; {fix}")
+    try:
+        text = read_text_limited(doc, MAX_DOC_BYTES, "--docs")
+    except ValueError as err:  # too large, or not UTF-8
+        raise InputError(str(err)) from None
+    except OSError as err:
+        raise InputError(f"--docs {doc}: cannot be read ({err.strerror}); {fix}") from None
+    if not os.access(doc, os.W_OK):
+        raise InputError(f"--docs {doc} is not writable; make it writable (chmod u+w {doc}), or leave it out")
+    if (
+        text.count(report.BEGIN) != 1
+        or text.count(report.END) != 1
+        or text.index(report.BEGIN) > text.index(report.END)
+    ):
+        raise InputError(f"--docs {doc} has no single generated region; {fix}")
+    return text
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse, in one line naming the option or file and the fix, what would fail or hang later (a
+    ``--docs`` file after hours of training): ``--threads``, ``--docs`` and ``--out`` with what the
+    modes write into it. Reads no run record (the modes that read them check them as they go)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        raise InputError(
+            f"--threads {args.threads} is no number of torch threads for the {cores} cores this process may use; "
+            f"give --threads 1 (the protocol's) to {cores}"
+        )
+    if args.docs and not args.report:
+        raise InputError("--docs rewrites the docs from the report: add --report, or leave --docs out")
+    for doc in args.docs:
+        read_doc(doc)
+    writes = args.work or args.timing or args.report
+    for folder, what, fix in (
+        (args.out, "a folder", "give --out a folder (it is created if missing)"),
+        (args.out / "runs", "the folder of run records", "remove it, or give --out another folder"),
+    ):
+        try:
+            mode = os.stat(folder).st_mode
+        except FileNotFoundError:
+            break  # created when written
+        except OSError as err:  # a parent that is a file, no permission
+            raise InputError(f"--out {args.out}: {folder} cannot be used ({err.strerror}); {fix}") from None
+        if not stat.S_ISDIR(mode):
+            kind = "a file" if stat.S_ISREG(mode) else kind_of(mode)
+            raise InputError(f"--out {args.out}: {folder} is {kind}, not {what}; {fix}")
+        if writes and not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"--out {args.out}: {folder} is not writable; give --out a folder you can write")
+    if args.report and not args.timing:  # read by the report, not written before it: refused before any record is read
+        read_timing(args.out / "timing.json")
+    # what the modes write or read there: a FIFO in its place would block, a folder fail
+    written = (["timing.json"] if args.timing or args.report else []) + (list(REPORT_FILES) if args.report else [])
+    for name in written:
+        regular_file(args.out / name, f"{name} as this benchmark writes it", "remove it, or give --out another folder")
 
 
 def check_runs_folder(cache: RunCache, design: plan.Design, name: str, option: str = "--out") -> None:
@@ -361,8 +450,9 @@ def check_runs_folder(cache: RunCache, design: plan.Design, name: str, option: s
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse(argv)
     try:
+        check_inputs(args)  # before any work
         return run(args)
-    except RunRecordError as err:  # a record or folder that cannot be read: one line, the file and the fix
+    except InputError as err:  # an option, record or file it cannot use: one line, the option or file and the fix
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
@@ -391,7 +481,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.status and reported is not None:
         print(ceiling_status(cache, reported))
         return None
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a parent that is a file, no permission
+        raise InputError(
+            f"--out {args.out}: cannot create it ({err.strerror}); give --out a folder you can write"
+        ) from None
     if args.status:
         if args.remedies:
             print(remedy_status(cache))

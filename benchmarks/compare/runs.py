@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -41,17 +42,59 @@ COMPUTE_KINDS = ("sampling", "trained", "reference", "reward_images")
 MAX_RECORD_BYTES = 64 * MiB
 #: what every run record holds
 RECORD_KEYS = ("identity", "spec", "config", "iterations", "curve")
+#: the most of a claim read: a process id
+CLAIM_BYTES = 64
+#: how long a claim that names no process may be a live one's: its writer creates it, then writes its PID
+CLAIM_GRACE_S = 10.0
 
 
-class RunRecordError(ValueError):
+class InputError(ValueError):
+    """An option or file the benchmark cannot use: one line naming it and the fix."""
+
+
+class RunRecordError(InputError):
     """A run record that cannot be read: one line naming the file and what to do."""
 
 
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` that is no regular file is."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "no regular file"
+
+
+def regular_file(path: Path, what: str, fix: str, error: type[InputError] = InputError) -> bool:
+    """Whether ``path`` is a regular file (False: nothing is there), told by its status, never by opening it: reading
+    a FIFO, socket or device blocks or never ends. ``error`` names the path, ``what`` belongs there and ``fix``
+    when something else is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise error(f"{path} is a symbolic link to nothing, not {what}; {fix}") from None
+        return False
+    except OSError as err:  # a parent that is a file, no permission, a loop of links
+        raise error(f"{path}: cannot be read ({err.strerror}); {fix}") from None
+    if not stat.S_ISREG(mode):
+        raise error(f"{path} is {kind_of(mode)}, not {what} (a regular file); {fix}")
+    return True
+
+
 def read_record(path: Path) -> dict[str, Any]:
-    """The run record at ``path``, checked: bounded in size, JSON, an object with every key of
-    :data:`RECORD_KEYS` and a ``spec`` naming a run; :class:`RunRecordError` naming the file
-    otherwise (a record cut short by a full disk, emptied, or written by hand)."""
+    """The run record at ``path``, checked: a regular file, bounded in size, JSON, an object with every
+    key of :data:`RECORD_KEYS` and a ``spec`` naming a run; :class:`RunRecordError` naming the file
+    otherwise (a record cut short by a full disk, emptied, or written by hand, or a FIFO in its place)."""
     fix = "delete it to train that run again"
+    if not regular_file(path, "a run record", fix, RunRecordError):
+        raise RunRecordError(f"{path}: no such run record; {fix}")  # gone since the folder was listed
     try:
         saved = json.loads(read_text_limited(path, MAX_RECORD_BYTES, "run record"))
     except json.JSONDecodeError as err:
@@ -60,6 +103,8 @@ def read_record(path: Path) -> dict[str, Any]:
         ) from None
     except ValueError as err:  # too large, or not UTF-8
         raise RunRecordError(f"{err}; {fix}") from None
+    except OSError as err:  # unreadable
+        raise RunRecordError(f"{path}: cannot be read ({err.strerror}); {fix}") from None
     if not isinstance(saved, dict):
         raise RunRecordError(f"{path}: not a run record (a JSON {type(saved).__name__}, not an object); {fix}")
     missing = [key for key in RECORD_KEYS if key not in saved]
@@ -274,6 +319,14 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _modified(path: Path) -> int:
+    """``path``'s modification time in ns; -1 for a link to nothing (refused when the plan reads it)."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return -1
+
+
 class RunCache:
     """Finished runs under ``<out>/runs``, and claims that keep two processes off the same run."""
 
@@ -302,7 +355,7 @@ class RunCache:
         """The record of ``spec`` on disk, if its recorded configuration trains what the current
         files train (whatever protocol it ran under)."""
         path = self.path(spec)
-        if not path.is_file():
+        if not regular_file(path, "a run record", "delete it to train that run again", RunRecordError):
             return None
         saved = read_record(path)
         return saved if self._trains_now(spec, saved) else None
@@ -316,7 +369,7 @@ class RunCache:
         can only change when this does (claims are not records)."""
         if not self.folder.is_dir():
             return frozenset()
-        return frozenset((path.name, path.stat().st_mtime_ns) for path in self.folder.glob("*.json"))
+        return frozenset((path.name, _modified(path)) for path in self.folder.glob("*.json"))
 
     def protocols(self) -> list[dict[str, Any]]:
         """The protocol of every run record in the folder (read and checked, :func:`read_record`)."""
@@ -412,34 +465,89 @@ class RunCache:
         )
         return run
 
+    def claim_path(self, spec: RunSpec) -> Path:
+        """Where a process that trains ``spec`` writes its PID."""
+        return self.path(spec).with_suffix(".claim")
+
     def claim(self, spec: RunSpec) -> bool:
-        """Take ``spec`` for this process (False: done, or another live process has it)."""
+        """Take ``spec`` for this process (False: done, or another live process has it). A claim that
+        names no live process (its process died; or it is empty, unreadable or garbage, and older than
+        :data:`CLAIM_GRACE_S`) is stale: it is removed and the run taken."""
         if self.load(spec) is not None:
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
-        claim = self.path(spec).with_suffix(".claim")
+        claim = self.claim_path(spec)
         try:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
-            try:
-                pid = int(claim.read_text() or 0)
-                os.kill(pid, 0)  # the claimer lives: leave it
+            if self._held(claim):
                 return False
-            except (ValueError, ProcessLookupError):
-                claim.unlink(missing_ok=True)  # a dead process's claim
-                return self.claim(spec)
+            try:
+                claim.unlink(missing_ok=True)  # a stale claim
+            except OSError as err:
+                raise InputError(
+                    f"{claim}: a stale claim this process cannot remove ({err.strerror}); remove it, "
+                    "or give --out a folder it can write"
+                ) from None
+            return self.claim(spec)
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return True
 
-    def release(self, spec: RunSpec) -> None:
-        """Drop this process's claim on ``spec`` (never another process's)."""
-        claim = self.path(spec).with_suffix(".claim")
+    @staticmethod
+    def _claimer(claim: Path) -> tuple[int | None, float] | None:
+        """The PID a claim names (None: it names none) and its age in seconds; None when there is no
+        claim. A claim is what :meth:`claim` writes, a regular file: anything else in its place is
+        refused (a FIFO would block the read), told by its status without opening it."""
+        fix = "remove it (a --work process then takes the run)"
         try:
-            mine = claim.read_text() == str(os.getpid())
+            status = os.lstat(claim)
         except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(status.st_mode):
+            raise InputError(f"{claim} is {kind_of(status.st_mode)}, not a claim (a regular file); {fix}")
+        age = time.time() - status.st_mtime
+        try:
+            # never blocks even if a FIFO took its place since the lstat
+            fd = os.open(claim, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError:  # unreadable: names no process
+            return None, age
+        try:
+            text = os.read(fd, CLAIM_BYTES).decode("ascii", "replace").strip()
+        except OSError:
+            return None, age
+        finally:
+            os.close(fd)
+        pid = int(text) if text.isascii() and text.isdigit() else 0
+        return (pid if pid > 0 else None), age  # 0 would name every process of this group to os.kill
+
+    def _held(self, claim: Path) -> bool:
+        """Whether ``claim`` keeps the run from this process: a live process's (or one that may still
+        be writing its PID), as opposed to a stale one."""
+        found = self._claimer(claim)
+        if found is None:
+            return False  # gone meanwhile: take the run
+        pid, age = found
+        if pid is None:
+            return age < CLAIM_GRACE_S  # its writer may be between creating it and writing its PID
+        try:
+            os.kill(pid, 0)
+        except (ProcessLookupError, OverflowError):  # dead, or no process id at all
+            return False
+        except PermissionError:  # another user's live process
+            return True
+        return True
+
+    def release(self, spec: RunSpec) -> None:
+        """Drop this process's claim on ``spec`` (never another process's, nor anything else in its place)."""
+        claim = self.claim_path(spec)
+        try:
+            found = self._claimer(claim)
+        except InputError:  # not a claim: not this process's
             return
-        if mine:
+        if found is not None and found[0] == os.getpid():
             claim.unlink(missing_ok=True)
 
     def work(self, specs: Iterable[RunSpec]) -> Iterator[RunSpec]:

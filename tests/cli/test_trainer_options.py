@@ -9,7 +9,6 @@ cases go through ``python -m lit_treegrpo``'s ``main`` to show the ``error: ...`
 from __future__ import annotations
 
 import datetime
-import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -117,14 +116,29 @@ def test_the_walk_covers_the_trainers_numeric_options(parser) -> None:
 
 
 def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_documents_why_not(
-    parser, tmp_path: Path
+    parser, tmp_path: Path, monkeypatch, no_model
 ) -> None:
+    import functools
+
     from lightning.pytorch import Trainer
 
-    seen, slowest = [], 0.0
+    from lit_treegrpo.rewards.base import RewardModel
+    from lit_treegrpo.training.module import TreeGRPOModule
+
+    # the checks must come before anything loads: building the module or a reward (and, through no_model,
+    # the tiny model) fails the case, not a clock; wraps keeps the signatures the checks inspect
+    def never(function):
+        @functools.wraps(function)
+        def loaded(*args, **kwargs):
+            raise AssertionError(f"{function.__qualname__} ran before the checks ended")
+
+        return loaded
+
+    monkeypatch.setattr(TreeGRPOModule, "__init__", never(TreeGRPOModule.__init__))
+    monkeypatch.setattr(RewardModel, "__init__", never(RewardModel.__init__))
+    seen = []
     for name in _numeric_trainer_options(parser):
         for value in BAD:
-            start = time.perf_counter()
             try:
                 _check(parser, tmp_path, f"--trainer.{name}", value)
             except UserError as err:
@@ -140,9 +154,7 @@ def test_every_numeric_trainer_option_refuses_bad_values_in_one_line_or_document
                     "trainer"
                 ][name]
                 Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, **{name: parsed})
-            slowest = max(slowest, time.perf_counter() - start)
     assert len(seen) >= 80, len(seen)
-    assert slowest < 1.0, f"a case took {slowest:.2f} s: the checks must come before anything loads"
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ and the DataLoader / Trainer integration of :mod:`lit_treegrpo.data`."""
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -169,14 +168,31 @@ def test_printable_prompts_with_tabs_line_breaks_and_emoji_load(tmp_path: Path) 
     assert load_prompts(path).prompts == ["a cat\tsitting\non a mat 🐈\u200d⬛", "a dog"]
 
 
-def test_a_prompt_without_line_breaks_is_cut_by_characters_before_anything_tokenises_it(tmp_path: Path) -> None:
+def test_a_prompt_without_line_breaks_is_cut_by_characters_before_anything_tokenises_it(
+    tmp_path: Path, monkeypatch
+) -> None:
     from lit_treegrpo.common.text import MAX_PROMPT_CHARS, PromptCutWarning
 
     path = write(tmp_path / "p.txt", "a cat " + "very " * 600_000 + "\na dog\n")  # one 3 MB line
-    started = time.perf_counter()
+    # the work, counted: the bytes read and the characters each prompt's check looks at
+    read, checked = [], []
+    read_limited, check_prompt = prompt_sets.read_limited, prompt_sets.check_prompt
+
+    def counted_read(*args, **kwargs) -> bytes:
+        read.append(len(data := read_limited(*args, **kwargs)))
+        return data
+
+    def counted_check(text: str, where: str) -> str:
+        checked.append(len(text))
+        return check_prompt(text, where)
+
+    monkeypatch.setattr(prompt_sets, "read_limited", counted_read)
+    monkeypatch.setattr(prompt_sets, "check_prompt", counted_check)
     with pytest.warns(PromptCutWarning) as caught:
         prompts = load_prompts(path).prompts
-    assert time.perf_counter() - started < 10
+    # linear in the file: read once, each prompt checked once (no pass per character, no tokeniser)
+    assert read == [Path(path).stat().st_size]
+    assert checked == [len("a cat " + "very " * 600_000) - 1, len("a dog")]
     assert [len(p) for p in prompts] == [MAX_PROMPT_CHARS, len("a dog")] and prompts[0].startswith("a cat very")
     assert len(caught) == 1  # said once for the file
     assert str(caught[0].message).startswith(
@@ -333,16 +349,19 @@ def test_no_train_prompts_left_after_hold_out(tmp_path: Path) -> None:
     ],
 )
 def test_a_batch_larger_than_the_training_prompts_is_refused_before_any_draw(
-    tmp_path: Path, kwargs, world, message
+    tmp_path: Path, monkeypatch, kwargs, world, message
 ) -> None:
     two = write(tmp_path / "two.txt", "a cat\na dog\n")
     source = "shapes" if kwargs.get("batch_size") == 100_000_000 else two
-    start = time.monotonic()
+
+    def drawn(*_):
+        raise AssertionError("a prompt was drawn before the batch size was checked")
+
+    monkeypatch.setattr(PromptStream, "position_index", drawn)  # every draw goes through it: none may
     with pytest.raises(ValueError) as raised:
         dm = PromptDataModule(source, **kwargs, **({} if source == "shapes" else {"val_fraction": 0.0}))
         dm.train_dataset(rank=0, world_size=world).batch(0)  # drawing 10^8 prompts took hours
     assert str(raised.value).replace(two, "TWO").startswith(message), str(raised.value)
-    assert time.monotonic() - start < 5
 
 
 # -- split --------------------------------------------------------------------------------------
