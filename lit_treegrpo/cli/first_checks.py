@@ -29,7 +29,7 @@ import yaml
 
 from ..common.config_yaml import read_yaml_file
 from ..common.files import MiB, read_text_limited
-from ..common.hub import looks_like_path
+from ..common.hub import download_command, looks_like_path
 
 DEBUG_ENV = "LIT_TREEGRPO_DEBUG"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
@@ -224,7 +224,7 @@ def check_weights(model: dict[str, Any]) -> None:
     if not cached and why:
         raise FirstCheckError(
             f"{PRETRAINED} {pretrained}: the model's weights are not in the local hub cache and {why}; download "
-            f"them once where the hub can be reached (huggingface-cli download {pretrained}), or set {PRETRAINED} "
+            f"them once where the hub can be reached ({download_command(pretrained)}), or set {PRETRAINED} "
             f"to {wanted}"
         )
 

@@ -49,6 +49,19 @@ def require_hub(repo_id: str) -> None:
         raise OSError(f"{repo_id} is not in the local hub cache and {constants.ENDPOINT} is unreachable")
 
 
+def download_command(repo_id: str) -> str:
+    """The command that downloads ``repo_id`` with the CLI the installed ``huggingface_hub`` ships: ``hf`` from 0.34
+    on (``huggingface-cli`` was removed in 1.0), ``huggingface-cli`` before. Reads the version without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("huggingface_hub").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        major, minor = 1, 0  # not installed or an unusual version string: today's CLI
+    cli = "hf" if (major, minor) >= (0, 34) else "huggingface-cli"
+    return f"{cli} download {repo_id}"
+
+
 def starts_like_path(spec: str | os.PathLike[str]) -> bool:
     """Whether ``spec`` is a path by its form alone: a ``Path``, or text that starts with ``/``, ``.``
     or ``~``, or holds an OS path separator other than ``/`` (a hub id never does)."""

@@ -32,6 +32,7 @@ def test_a_real_config_without_its_weights_names_the_option_and_the_layout(
                   "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
     assert line.startswith(f"error: {PRETRAINED} "), line
     assert "not in the local hub cache and HF_HUB_OFFLINE is set" in line
+    assert "(hf download " in line  # the CLI huggingface_hub >= 0.34 ships (this venv's is newer)
     assert f"a folder that {REAL[config]}.save_pretrained wrote (model_index.json, " in line
     assert not (tmp_path / "run").exists()  # nothing written
 
@@ -137,3 +138,13 @@ def test_config_takes_the_name_of_a_shipped_config(tmp_path: Path, monkeypatch) 
         resolve_config_names(["--config", "shape"])
     with pytest.raises(FirstCheckError, match="no shipped config"):
         resolve_config_names(["--config", "../configs/shapes"])
+
+
+@pytest.mark.parametrize(("version", "cli"), [("2.5.0", "hf"), ("0.34.1", "hf"), ("0.33.4", "huggingface-cli")])
+def test_the_download_fix_names_the_cli_the_installed_hub_ships(monkeypatch, version: str, cli: str) -> None:
+    import importlib.metadata
+
+    from lit_treegrpo.common.hub import download_command
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
+    assert download_command("org/model") == f"{cli} download org/model"
