@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
 from ..common.errors import explain_os_error, first_line
-from ..common.files import remove_written, replace_with_written
+from ..common.files import HashingWriter, remove_written, replace_with_written
 from ..common.lightning_private import fsdp_lazy_load_replaced, is_local_path
 
 _TMP_SUFFIX = ".tmp"
@@ -61,9 +61,11 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     tmp = _temp_path(path)
     try:
         with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
+            hashing = HashingWriter(f)  # its sha256 for the run folder's manifest, without reading it back
+            torch.save(checkpoint, hashing)
             f.flush()
             os.fsync(f.fileno())
+        hashing.remember(tmp)
         replace_with_written(tmp, path)
     except (OSError, RuntimeError) as err:
         cause = _os_error_in(err)
@@ -232,7 +234,9 @@ def _zip_problem(f: Any, verify_data: bool) -> str | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` with atomic, fsynced local writes (:func:`atomic_save`) and safe reads: every load is
+    """``TorchCheckpointIO`` with atomic, fsynced local writes (:func:`atomic_save`), recorded in the run folder's
+    manifest by the fit that holds it (:func:`~.run_folder.checkpoint_saved`; a checkpoint is removed only if that
+    manifest verifies it), and safe reads: every load is
     ``weights_only=True``, whatever the caller asks (Lightning passes the trainer's ``weights_only``, which it
     leaves to torch's default: unsafe before torch 2.6), a local file is read once through :func:`read_checkpoint`
     (a corrupt or hostile one in one line), and a checkpoint the CLI already read and verified is handed over
@@ -258,6 +262,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)  # its own errors and remote code
             return
         atomic_save(checkpoint, path)
+        from .run_outputs import checkpoint_saved
+
+        checkpoint_saved(path)  # the fit recorded in its run folder's manifest; an earlier run set aside deleted
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        # ModelCheckpoint replacing a top-k file: only one the run folder's manifest verifies
+        from .run_outputs import remove_checkpoint
+
+        if not is_local_path(path) or remove_checkpoint(path) is None:
+            super().remove_checkpoint(path)
 
     @override
     def load_checkpoint(

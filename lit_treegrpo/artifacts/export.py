@@ -20,10 +20,21 @@ safetensors writes its files ``0o600``.
 
 A checkpoint holds the trainable weights only (:meth:`TreeGRPOModule.on_save_checkpoint`); the base
 weights come from the configuration, which must be the run's (the fingerprint is checked as for a
-resume). The folder is written beside ``DIR`` and moved into place, so an export that fails leaves
-no half-written ``DIR``. ``DIR`` must be new or empty; an earlier export there is replaced only with
-``--overwrite true``, and then only the files its card lists (``files``, ``export.json``,
-``README.md``): a file the user added stays, and is named (rule 1 of docs/failure_modes.md).
+resume). The card also records the sha256 of every file the export wrote (``sha256``: relative path
+-> hash): that is how a later export knows what it may replace.
+
+The export is built in ``DIR/.export-tmp/new`` (a short name, whatever the length of ``DIR``'s), under
+a lock in that folder (``DIR/.export-tmp/lock``: a second export into ``DIR`` while one runs is
+refused), and moved into ``DIR`` once complete, so an export that fails leaves no half-written
+``DIR``. ``DIR`` must be new or empty; an earlier export there is replaced only with ``--overwrite
+true``, and then only the files whose content is the one its card's ``sha256`` records (its card
+``export.json`` with them): those are set aside in ``DIR/.export-tmp/old`` while the new export's
+files are moved in, then deleted. A file the user added, or one whose hash does not match (an edited
+card cannot name a file of the user's: its hash is not recorded), stays, and is named (rule 1 of
+docs/failure_modes.md); a new file that would land on one is refused before anything moves. An
+export killed while it moved its files in is completed by the next export into ``DIR`` (the moves
+to make are written down first, in ``DIR/.export-tmp/swap.json``); one killed before that leaves its
+unfinished files in ``DIR/.export-tmp/new``, which the next removes.
 """
 
 from __future__ import annotations
@@ -32,7 +43,6 @@ import contextlib
 import copy
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,85 +50,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..common.files import (
-    MiB,
-    NotWrittenHere,
-    move_written,
-    read_text_limited,
-    remove_empty_folder,
-    remove_written,
-    remove_written_tree,
-    replace_with_written,
-)
+from ..common.files import file_sha256, files_under, remove_written_tree
 from .card import base_model, card_text, how_to_load, method
+from .export_folder import (
+    _NEW,
+    _SWAP,
+    CARD_FILE,
+    CARD_TEXT,
+    HASHES,
+    MAX_CARD_BYTES,
+    STAGING,
+    ExportError,
+    ExportLock,
+    _recover_locked,
+    _swap_in,
+    check_out,
+    earlier_export,
+    earlier_hashes,
+    stat_is_file,
+)
 from .run_folder import event_folder
 
 if TYPE_CHECKING:
     from ..models.base import DiffusionAdapter
-
-CARD_FILE = "export.json"
-CARD_TEXT = "README.md"
-#: the largest card read back (an earlier export's, to know what it wrote); a card is a few KiB
-MAX_CARD_BYTES = 1 * MiB
-
-
-class ExportError(ValueError):
-    """The export cannot be made as asked (one line: the option and the fix)."""
-
-
-# ------------------------------------------------------------------------ the folder
-def check_out(out: str | Path | None, *, overwrite: bool = False, option: str = "--out") -> Path:
-    """``out`` as a path an export may write: new, empty, or (``overwrite``) an earlier export, whose
-    card must say what it wrote (:func:`earlier_export`)."""
-    if out is None or not str(out).strip():
-        raise ExportError(f"{option}: give the folder to write the export to, e.g. {option} exports/my_run")
-    path = Path(out).expanduser()
-    if path.is_symlink():
-        raise ExportError(
-            f"{option} {path}: is a symbolic link (to {os.readlink(path)}); give the folder itself, so that "
-            "nothing is written or replaced through the link"
-        )
-    if path.exists() and not path.is_dir():
-        raise ExportError(f"{option} {path}: is a file; give a folder (it is created if missing)")
-    if path.is_dir() and any(path.iterdir()):
-        if not (path / CARD_FILE).is_file():
-            raise ExportError(
-                f"{option} {path}: the folder holds files and no earlier export ({CARD_FILE}); give a new or empty folder"
-            )
-        if not overwrite:
-            raise ExportError(
-                f"{option} {path}: holds an earlier export ({CARD_FILE}); give a new or empty folder, or pass "
-                "--overwrite true to replace the files that export wrote (other files stay)"
-            )
-        earlier_export(path, option)
-    ancestor = path.parent if path.parent != Path("") else Path(".")
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ExportError(f"{option} {path}: cannot create it, {ancestor} is a file; give another folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ExportError(f"{option} {path}: cannot create it, {ancestor} is not writable; give a folder you can write")
-    return path
-
-
-def earlier_export(out: Path, option: str = "--out") -> list[str]:
-    """The names of what the earlier export in ``out`` wrote, from its card (its ``files``, the card
-    and its text); a card that cannot be read, or names a path rather than an entry of ``out``, is
-    refused in one line."""
-    card_path = out / CARD_FILE
-    fix = f"move the folder's files away yourself, or give another {option}"
-    try:
-        card = json.loads(read_text_limited(card_path, MAX_CARD_BYTES, f"{option} {out}"))
-    except json.JSONDecodeError as err:
-        raise ExportError(f"{option} {out}: {card_path} is not an export card ({err.msg}); {fix}") from None
-    files = card.get("files") if isinstance(card, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise ExportError(f"{option} {out}: {card_path} lists no files it wrote; {fix}")
-    names = [*files, CARD_FILE, CARD_TEXT]
-    odd = [n for n in names if n in ("", ".", "..") or "/" in n or os.sep in n or (os.altsep and os.altsep in n)]
-    if odd:
-        raise ExportError(f"{option} {out}: {card_path} lists {odd[0]!r}, which no export writes; {fix}")
-    return list(dict.fromkeys(names))
 
 
 # ------------------------------------------------------------------------ the checkpoint
@@ -252,12 +206,19 @@ def export(
     ``pruning`` the run's ``PruningSchedule`` options (``None``: it pruned nothing); ``overwrite``
     replaces an earlier export there (only what it wrote); ``option`` names ``out`` in messages."""
     out = check_out(out, overwrite=overwrite, option=option)
-    staging = out.parent / f".{out.name}.export-tmp"
-    remove_written_tree(staging, root=out.parent)  # an export killed before it moved its folder
+    lock = ExportLock(out, option)
     try:
+        lock.take()
+    except OSError as err:
+        from ..common.errors import explain_os_error
+
+        raise ExportError(f"{option} {out}: cannot create it: {explain_os_error(err)}") from err
+    new = out / STAGING / _NEW
+    try:
+        _recover_locked(out, option)  # one stopped between the check and the lock
         _write(
             module,
-            staging,
+            new,
             out,
             merged=merged,
             ema=ema,
@@ -267,48 +228,16 @@ def export(
             checkpoint=checkpoint,
             pruning=pruning,
         )
-        _move_into_place(staging, out, option)
+        _swap_in(out, option)
         return out
     except OSError as err:
         from ..common.errors import explain_os_error
 
         raise ExportError(f"{option} {out}: cannot write the export: {explain_os_error(err)}") from err
     finally:
-        remove_written_tree(staging, root=out.parent)
-
-
-def _move_into_place(staging: Path, out: Path, option: str) -> None:
-    """``staging`` (the new export) becomes ``out``: in one rename when ``out`` is new or empty;
-    else the earlier export's own files are removed and the new ones moved in beside what else is
-    there (said in one line)."""
-    if not out.is_dir() or not any(out.iterdir()):
-        replace_with_written(staging, out)
-        return
-    earlier = earlier_export(out, option)
-    new = sorted(p.name for p in staging.iterdir())
-    kept = sorted(p.name for p in out.iterdir() if p.name not in earlier)
-    clash = [name for name in new if name in kept]
-    if clash:
-        raise ExportError(
-            f"{option} {out}: holds {clash[0]!r}, which the earlier export did not write and this one would; "
-            "move it away, or give another folder"
-        )
-    try:
-        for name in earlier:
-            entry = out / name
-            if entry.is_dir() and not entry.is_symlink():
-                remove_written_tree(entry, root=out)
-            else:
-                remove_written(entry, root=out, names=(name,))
-    except NotWrittenHere as err:
-        raise ExportError(f"{option} {out}: {err}") from None
-    for name in new:
-        move_written(staging / name, out / name)
-    remove_empty_folder(staging)
-    if kept:
-        from lightning.pytorch.utilities import rank_zero_info
-
-        rank_zero_info(f"{option} {out}: replaced the earlier export; kept {', '.join(kept)}, which no export wrote")
+        if not (out / STAGING / _SWAP).exists():  # never swapped in: unfinished
+            remove_written_tree(new, root=out)
+        lock.release()
 
 
 def _write(
@@ -347,9 +276,11 @@ def _write(
         "checkpoint": checkpoint,
         "load": how_to_load(adapter, lora, base, folder=out),
     }
-    (staging / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n")
     (staging / CARD_TEXT).write_text(card_text(card))
-    readable_like(staging / CARD_FILE, staging)
+    readable_like(staging / CARD_TEXT, staging)
+    # what this export wrote, for a later one to know what it may replace (the card is written last)
+    card[HASHES] = {rel: file_sha256(staging / rel) for rel, info in files_under(staging) if stat_is_file(info)}
+    (staging / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n")
 
 
 def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]:
@@ -370,3 +301,23 @@ def logged_rewards(tensorboard: Path, iteration: int) -> dict[str, float | None]
             values = [e for e in events.Scalars(tag) if e.step <= iteration]
             found[key] = float(values[-1].value) if values else None
     return found
+
+
+__all__ = [
+    "CARD_FILE",
+    "CARD_TEXT",
+    "MAX_CARD_BYTES",
+    "STAGING",
+    "ExportError",
+    "ExportLock",
+    "check_out",
+    "earlier_export",
+    "earlier_hashes",
+    "ema_state",
+    "export",
+    "logged_rewards",
+    "pruning_options",
+    "restore",
+    "swapped_in",
+    "write_weights",
+]

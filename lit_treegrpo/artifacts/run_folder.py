@@ -1,19 +1,36 @@
 """What a fit may do to its run folder (``--trainer.default_root_dir``): nothing it did not write.
 
+- What a fit wrote is what its manifest says: ``<root>/.lit_treegrpo-written.json``
+  (:class:`~lit_treegrpo.common.files.Manifest`) holds the relative path and the sha256 of every
+  file the fits in the folder wrote in its run sub-folders (:data:`RUN_OUTPUTS`: checkpoints,
+  TensorBoard's event files and config records, sample grids and trees). The fit holding the lock
+  records the files it wrote (new or changed since it took the lock, of the names in
+  :data:`RUN_OUTPUT_NAMES`) after each checkpoint and when it ends, atomically. A file of those
+  names that the manifest does not list with its content (yours, edited, or from a run before
+  manifests) is not the project's: it is never deleted or moved.
 - :func:`check_new_run`: a fit without ``--ckpt_path`` into a folder that already holds
   ``checkpoints/last.ckpt`` is refused. Lightning would otherwise write ``last-v1.ckpt`` beside the
   old ``last.ckpt``, and a later ``--ckpt_path last`` would resume the *older* run. So is one into
   a folder holding an earlier fit's outputs without a checkpoint (a fit stopped before it saved):
-  its sample grids would be written over. ``--overwrite true`` starts over there instead, deleting
-  the old run's outputs (:func:`clear_run`): only the files a fit writes (:data:`RUN_OUTPUT_NAMES`),
-  through :mod:`lit_treegrpo.common.files`, never through a link (a sub-folder that is a symbolic
-  link is refused before anything loads); files of other names stay, and are named.
+  its sample grids would be written over.
+- ``--overwrite true`` starts over there instead (:func:`clear_run`, once the new run's model and
+  trainer are built): the earlier run's files that the manifest verifies are *set aside*, renamed
+  into ``<root>/.set-aside/`` (:data:`SET_ASIDE`), not deleted; every other file stays where it is
+  and is named. When the new fit writes its first checkpoint the set-aside files are deleted; when
+  it fails before that, the files it wrote are removed and the earlier run's are put back (said in
+  one line). A folder a fit killed in between left behind is put back (or, after the new run's
+  first checkpoint, deleted) by the next fit in the folder. A file the manifest does not verify
+  where the new run writes (``checkpoints/last.ckpt``, ``samples/step_000000.png``, ...) is refused
+  before anything loads: it would be written over, or beside it (``last-v1.ckpt``). Nothing is
+  moved or removed through a link (a sub-folder that is one is refused before anything loads).
 - :class:`RunLock`: one live fit per folder. ``<root>/.fit.lock`` holds the writer's PID under an
   advisory ``flock``, which the kernel drops when the process dies however it dies, so the lock
   of a killed fit is taken over by the next one; where the filesystem has no ``flock`` the PID
   itself decides (a dead PID's lock is taken over). The lock is opened without following a link
   and only as a regular file of its own: a ``.fit.lock`` that is a symbolic or hard link (or a
-  folder, FIFO, ...) is refused, never truncated, so the file behind it is left as it was.
+  folder, FIFO, ...) is refused, never truncated, so the file behind it is left as it was. Every
+  fit takes it but the processes a launcher starts beside rank 0 (:func:`launch_rank`); a rank
+  variable in the environment of a process that no launcher started is ignored, and said.
 - :class:`RunConfigRecord`: the fit's configuration is saved once its first training step has
   completed (or its first checkpoint is written), never over an earlier record: ``config.yaml``
   for the first fit in the folder, ``config-2.yaml``, ``config-3.yaml``, ... for each later
@@ -27,7 +44,6 @@
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import stat
@@ -42,45 +58,52 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
-from ..common.files import NotWrittenHere, check_no_link, clear_written, remove_empty_folder, remove_written
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; no lock is taken there
-    fcntl = None  # type: ignore[assignment]
-
-LOCK_NAME = ".fit.lock"
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; elsewhere RunLock._open checks for a link first
-#: the outputs of a fit that ``--overwrite true`` deletes before a new run starts in the folder
-RUN_OUTPUTS = ("checkpoints", "tensorboard", "samples")
-#: the names a fit writes in each of :data:`RUN_OUTPUTS` (sub-folders included): only these are
-#: deleted; checkpoints (Lightning's ``*.ckpt`` and the atomic writer's ``.last.ckpt.<pid>.tmp``),
-#: TensorBoard's event files, hyper-parameters and the config records, the sample grids and trees
-RUN_OUTPUT_NAMES = {
-    "checkpoints": ("*.ckpt", ".*.tmp"),
-    "tensorboard": ("events.out.tfevents.*", "config.yaml", "config-*.yaml", "hparams.yaml"),
-    "samples": ("step_*.png", "step_*.gif", "tree_*.png"),
-}
-
-
-class RunFolderError(Exception):
-    """The run folder cannot be used by this command (one line: the folder, why, the ways forward)."""
+from ..common.files import Manifest, NotWrittenHere, check_no_link
+from .locks import LOCK_NAME, FolderLock, RunFolderError, fcntl
+from .run_outputs import (
+    RUN_OUTPUT_NAMES,
+    RUN_OUTPUTS,
+    SET_ASIDE,
+    RunLock,
+    _in_the_way,
+    _not_recorded,
+    _output_files,
+    _written_name,
+    checkpoint_saved,
+    clear_run,
+    delete_set_aside,
+    put_back,
+    recover_set_aside,
+    remove_checkpoint,
+)
 
 
 def check_new_run(root: Path, ckpt_path: str | None, overwrite: bool) -> None:
     """Refuse a fit that would start a second run on top of the one already in ``root``, or write
-    over an earlier fit's outputs; with ``overwrite``, one whose run sub-folder is a link."""
+    over an earlier fit's outputs; with ``overwrite``, one whose run sub-folder is a link, or that
+    would write where a file the manifest does not verify lies. An earlier run that a killed
+    ``--overwrite`` fit left set aside is first put back (or deleted, see :func:`recover_set_aside`)."""
     if overwrite and ckpt_path is not None:
-        # --ckpt_path last is inside what --overwrite deletes; any other resumes a run, not a new one
+        # --ckpt_path last is inside what --overwrite sets aside; any other resumes a run, not a new one
         raise RunFolderError(
             f"--overwrite true starts a new run, --ckpt_path {ckpt_path} resumes one; give only one of them"
         )
+    if os.path.lexists(root / SET_ASIDE):
+        recover_set_aside(root)
     if overwrite:
-        for name in RUN_OUTPUTS:
+        for name in (*RUN_OUTPUTS, SET_ASIDE):
             try:
                 check_no_link(root / name, root)
             except NotWrittenHere as err:
                 raise RunFolderError(f"--overwrite true: {err}") from None
+        manifest = Manifest.read(root)
+        in_the_way = [
+            rel
+            for rel, info in _output_files(root)
+            if _in_the_way(rel) and not (stat.S_ISREG(info.st_mode) and manifest.verified(rel))
+        ]
+        if in_the_way:
+            raise RunFolderError(_not_recorded(root, in_the_way))
         return
     if ckpt_path is not None:
         return
@@ -90,7 +113,7 @@ def check_new_run(root: Path, ckpt_path: str | None, overwrite: bool) -> None:
         raise RunFolderError(
             f"--trainer.default_root_dir: {root} already holds a run ({last}); resume it with "
             "--ckpt_path last, train into another --trainer.default_root_dir, or pass --overwrite true "
-            f"to delete its {outputs} and start over"
+            f"to set aside the files a fit wrote in its {outputs} and start over"
         )
     written = earlier_outputs(root)
     if written:
@@ -98,7 +121,7 @@ def check_new_run(root: Path, ckpt_path: str | None, overwrite: bool) -> None:
             f"--trainer.default_root_dir: {root} holds an earlier fit's outputs ({written[0]}"
             f"{f' and {len(written) - 1} more' if len(written) > 1 else ''}) but no checkpoint to resume, and a "
             "new fit would write over them; train into another --trainer.default_root_dir, or pass "
-            f"--overwrite true to delete the files a fit writes in its {outputs} and start over"
+            f"--overwrite true to set aside the files a fit wrote in its {outputs} and start over"
         )
 
 
@@ -106,181 +129,57 @@ def earlier_outputs(root: Path) -> list[Path]:
     """The files of ``root`` that a new fit would write over: checkpoints, sample grids and trees
     (:data:`RUN_OUTPUT_NAMES`; TensorBoard's event files and the config records are new files for
     every command, so a ``validate`` before the first fit leaves nothing in the way)."""
-    found: list[Path] = []
-    for name in ("checkpoints", "samples"):
-        patterns, folder = RUN_OUTPUT_NAMES[name], root / name
-        if folder.is_dir():
-            found += sorted(
-                p for p in folder.rglob("*") if p.is_file() and any(p.match(pattern) for pattern in patterns)
-            )
-    return found
+    return sorted(
+        root / rel
+        for rel, info in _output_files(root)
+        if not rel.startswith("tensorboard/") and stat.S_ISREG(info.st_mode) and _written_name(rel)
+    )
 
 
-def clear_run(root: Path) -> list[Path]:
-    """Delete the outputs of an earlier fit in ``root`` (``--overwrite true``): the files a fit
-    writes in its run sub-folders, then the folders left empty; returns the files kept (other
-    names, links), which a fit did not write."""
-    kept: list[Path] = []
-    for name in RUN_OUTPUTS:
-        try:
-            kept += clear_written(root / name, root=root, names=RUN_OUTPUT_NAMES[name])
-        except NotWrittenHere as err:  # a link made since the check before the model loaded
-            raise RunFolderError(f"--overwrite true: {err}") from None
-    if kept:
-        shown = ", ".join(str(p) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
-        rank_zero_info(
-            f"--overwrite true: deleted the earlier run's outputs in {root}; kept {len(kept)} file(s) a fit "
-            f"does not write: {shown}"
-        )
-    return kept
+# ------------------------------------------------------------------------ the launch rank
+#: the variables a launcher sets to a process's rank, in the order they are read
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "NODE_RANK", "LOCAL_RANK")
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def launched_beside_others() -> bool:
+    """Whether a launcher started this process as one of several: ``torchrun`` and Lightning's own
+    DDP launcher set ``WORLD_SIZE`` > 1 and ``MASTER_ADDR``, SLURM's ``srun`` ``SLURM_NTASKS`` > 1,
+    LSF's ``jsrun`` ``JSM_NAMESPACE_SIZE`` > 1 (as Lightning's cluster environments read them)."""
+    world = _env_int("WORLD_SIZE") or 0
+    return (
+        (world > 1 and bool(os.environ.get("MASTER_ADDR")))
+        or (_env_int("SLURM_NTASKS") or 0) > 1
+        or (_env_int("JSM_NAMESPACE_SIZE") or 0) > 1
+    )
 
 
 def launch_rank() -> int:
     """The global rank this process was launched as: non-zero for the processes that Lightning's
-    DDP launcher, ``torchrun`` or SLURM start beside rank 0, which must leave the folder to it."""
-    for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"):
-        value = os.environ.get(name, "0")
-        if value.isdigit() and int(value) != 0:
-            return int(value)
+    DDP launcher, ``torchrun`` or SLURM start beside rank 0, which must leave the folder to it.
+
+    A non-zero rank variable (``RANK``, ``LOCAL_RANK``, ...) in the environment of a process that
+    no launcher started (:func:`launched_beside_others`) is a stray: it is ignored, and said in one
+    line. The process is rank 0, which takes the run folder's lock and checks, and Lightning's
+    rank-zero output (read from the same variable when Lightning was imported) is made rank 0's."""
+    ranks = [(name, value) for name in _RANK_VARIABLES if (value := _env_int(name))]
+    if not ranks:
+        return 0
+    if launched_beside_others():
+        return ranks[0][1]
+    rank_zero_only.rank = 0  # Lightning's and lightning_utilities' (one function)
+    stray = ", ".join(f"{name}={value}" for name, value in ranks)
+    rank_zero_info(
+        f"{stray} in the environment, but no launcher started this process beside others (no WORLD_SIZE > 1 "
+        "with MASTER_ADDR, no SLURM_NTASKS > 1): ignored, this fit runs as the only process (rank 0) and takes "
+        f"its run folder's lock; unset {' '.join(name for name, _ in ranks)} (torchrun and --trainer.devices N "
+        "set the ranks themselves)"
+    )
     return 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def _read_pid(fd: int) -> int | None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    text = os.read(fd, 64).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else None
-
-
-def _not_regular(mode: int) -> str | None:
-    """What a file of ``mode`` is when it is no regular file (``None`` when it is one)."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return "no regular file (a FIFO, socket or device)"
-
-
-class RunLock:
-    """``<root>/.fit.lock`` while a fit writes into ``root`` (see the module docstring).
-
-    :meth:`acquire` creates ``root`` if needed (``OSError`` when it cannot: a file in the way, no
-    permission) and raises :class:`RunFolderError` naming the PID of a live holder, or when the
-    lock's name is taken by a link or by no regular file (:meth:`_open`). :meth:`release`
-    removes the lock file and the folders that :meth:`acquire` created, if they are still empty,
-    so that a command that failed before writing anything leaves no trace.
-    """
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.path = self.root / LOCK_NAME
-        self._fd: int | None = None
-        self._created: list[Path] = []
-
-    def acquire(self) -> None:
-        missing = [p for p in (self.root, *self.root.parents) if not p.exists()]  # deepest first
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._created = missing
-        try:
-            fd = self._open_locked()
-        except BaseException:
-            self._remove_created()
-            raise
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-
-    def _open_locked(self) -> int:
-        while True:
-            fd = self._open()
-            try:
-                self._lock(fd)
-                # a holder that released meanwhile unlinked the file we opened: lock the new one
-                if os.path.lexists(self.path) and os.fstat(fd).st_ino == os.lstat(self.path).st_ino:
-                    return fd
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-
-    def _open(self) -> int:
-        """Open (or create) the lock file itself, never what a link there points to: a fit writes
-        its PID into its lock, which through a symbolic or hard link would overwrite another file."""
-        if not _O_NOFOLLOW and os.path.islink(self.path):  # no O_NOFOLLOW on this platform
-            raise RunFolderError(self._not_a_lock("a symbolic link"))
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW, 0o644)
-        except OSError:
-            # O_NOFOLLOW refuses a link (ELOOP on Linux and macOS); a folder or socket cannot be opened
-            what = _not_regular(os.lstat(self.path).st_mode) if os.path.lexists(self.path) else None
-            if what is not None:
-                raise RunFolderError(self._not_a_lock(what)) from None
-            raise
-        info = os.fstat(fd)
-        what = _not_regular(info.st_mode)
-        if what is None and info.st_nlink > 1:
-            what = f"a hard link (one of {info.st_nlink} names of one file)"
-        if what is not None:
-            os.close(fd)
-            raise RunFolderError(self._not_a_lock(what))
-        return fd
-
-    def _not_a_lock(self, what: str) -> str:
-        if what == "a symbolic link":
-            fix = f"delete the link {self.path} (the file it points to stays)"
-        elif what.startswith("a hard link"):
-            fix = f"delete the name {self.path} (the file's other names stay)"
-        else:
-            fix = f"move {self.path} away"
-        return (
-            f"--trainer.default_root_dir: the fit lock {self.path} is {what}, and a fit writes its PID into its "
-            f"lock; {fix} and run again"
-        )
-
-    def _lock(self, fd: int) -> None:
-        if fcntl is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as err:
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = _read_pid(fd)  # no flock on this filesystem: the PID decides
-                if holder is None or holder == os.getpid() or not _pid_alive(holder):
-                    return
-        raise RunFolderError(
-            f"--trainer.default_root_dir: {self.root} is in use by another fit (pid {_read_pid(fd)}, "
-            f"lock {self.path}); wait for it to end or stop it, or train into another "
-            f"--trainer.default_root_dir (if no fit runs there, delete {self.path})"
-        )
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        remove_written(
-            self.path, root=self.root, names=(LOCK_NAME,)
-        )  # before closing: nobody may lock it once we let go
-        os.close(self._fd)
-        self._fd = None
-        self._remove_created()
-
-    def _remove_created(self) -> None:
-        for folder in self._created:
-            if not remove_empty_folder(folder):  # only if still empty
-                break
-        self._created = []
 
 
 class RunConfigRecord(SaveConfigCallback):
@@ -418,16 +317,25 @@ def write_new_record(folder: Path, text: str) -> Path:
 __all__ = [
     "LOCK_NAME",
     "RUN_OUTPUTS",
+    "RUN_OUTPUT_NAMES",
+    "SET_ASIDE",
+    "FolderLock",
     "RunConfigRecord",
     "RunFolderError",
     "RunLock",
     "RunTensorBoardLogger",
-    "event_folder",
-    "run_name",
-    "RUN_OUTPUT_NAMES",
     "check_new_run",
+    "checkpoint_saved",
     "clear_run",
+    "delete_set_aside",
     "earlier_outputs",
+    "event_folder",
+    "fcntl",
     "launch_rank",
+    "launched_beside_others",
+    "put_back",
+    "recover_set_aside",
+    "remove_checkpoint",
+    "run_name",
     "write_new_record",
 ]

@@ -13,20 +13,28 @@ import pytest
 import torch
 
 from lit_treegrpo.artifacts import run_folder
-from lit_treegrpo.artifacts.run_folder import LOCK_NAME, RunFolderError, RunLock, write_new_record
+from lit_treegrpo.artifacts.run_folder import LOCK_NAME, SET_ASIDE, RunFolderError, RunLock, write_new_record
+from lit_treegrpo.common.files import MANIFEST_NAME, Manifest
 from tests.cli.test_cli import QUIET, TINY, _main_error, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _old_run(root: Path) -> dict[str, bytes]:
-    """A folder as an earlier fit leaves it (the files' contents do not matter to these checks)."""
-    (root / "checkpoints").mkdir(parents=True)
-    (root / "checkpoints" / "last.ckpt").write_bytes(b"the trained weights")
-    (root / "tensorboard").mkdir()
-    (root / "tensorboard" / "config.yaml").write_text("model: {seed: 7}\n")
-    (root / "samples").mkdir()
-    (root / "samples" / "step_000000.png").write_bytes(b"png")
+OLD_RUN = ("checkpoints/last.ckpt", "tensorboard/config.yaml", "tensorboard/m_tree-k2_mean_r/events.out.tfevents.1.host",
+           "samples/step_000000.png")  # fmt: skip
+
+
+def _old_run(root: Path, *, recorded: bool = True) -> dict[str, bytes]:
+    """A folder as an earlier fit leaves it, its files recorded in its manifest (``recorded``; not:
+    a run from before manifests). The files' contents do not matter to these checks."""
+    for rel in OLD_RUN:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(f"the earlier run's {rel}".encode())
+    if recorded:
+        manifest = Manifest.read(root)
+        for rel in OLD_RUN:
+            manifest.record(rel, grows="tfevents" in rel)
+        manifest.save()
     return snapshot(root)
 
 
@@ -73,9 +81,154 @@ def test_overwrite_starts_a_new_run_in_place_of_the_old_one(tmp_path: Path, capl
     assert (tmp_path / "checkpoints" / "notes.txt").read_text() == "mine"
     assert (tmp_path / "samples" / "holiday.png").read_bytes() == b"mine"
     assert (
-        f"--overwrite true: deleted the earlier run's outputs in {tmp_path}; kept 2 file(s) a fit does not write"
-        in (caplog.text)
+        f"--overwrite true: set the earlier run's 4 files aside in {tmp_path / SET_ASIDE} until this fit writes its "
+        "first checkpoint (then they are deleted; if it fails before, they are put back); kept 2 files the earlier "
+        f"run did not write (not in {MANIFEST_NAME} with their sha256): checkpoints/notes.txt, samples/holiday.png"
+        in caplog.text
     )
+    assert (
+        f"--overwrite true: this fit wrote its first checkpoint; deleted the earlier run's 4 files set aside in "
+        f"{tmp_path / SET_ASIDE}" in caplog.text
+    )
+    assert not (tmp_path / SET_ASIDE).exists()
+    # the new run's files are recorded as it wrote them: a later --overwrite may set them aside
+    manifest = Manifest.read(tmp_path)
+    assert "checkpoints/last.ckpt" in manifest and all(manifest.verified(rel) for rel in manifest)
+    assert "checkpoints/notes.txt" not in manifest and not (tmp_path / "tensorboard" / "m_tree-k2_mean_r").exists()
+
+
+def test_overwrite_keeps_and_names_every_file_no_fit_recorded_in_sub_folders_too(tmp_path: Path, caplog) -> None:
+    # once deleted by name: *.ckpt, event files and step_*.png, at any depth, none of them named
+    from lit_treegrpo.cli import main
+
+    _old_run(tmp_path)
+    theirs = {
+        "checkpoints/keep_me.ckpt": b"a checkpoint of the user's",
+        "checkpoints/archive/old/last.ckpt": b"an archived run",
+        "tensorboard/other_exp/events.out.tfevents.1.other": b"another experiment's curves",
+        "samples/step_vacation.png": b"a holiday picture",
+        "samples/notes.txt": b"listed in the manifest by hand, with a made-up hash",
+    }
+    for rel, data in theirs.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    manifest = Manifest.read(tmp_path)
+    manifest.entries["samples/notes.txt"] = {"sha256": "0" * 64, "bytes": len(theirs["samples/notes.txt"])}
+    (tmp_path / "tensorboard" / "config.yaml").write_text("the earlier run's record, edited since\n")
+    manifest.save()
+    caplog.set_level("INFO")
+    main(["fit", "--config", str(TINY), *QUIET, "--overwrite", "true", "--trainer.max_steps", "1",
+          "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
+    assert {rel: (tmp_path / rel).read_bytes() for rel in theirs} == theirs
+    assert (tmp_path / "tensorboard" / "config-2.yaml").exists()  # the edited record stayed: the new one beside it
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("--overwrite true: set"))
+    assert "set the earlier run's 3 files aside" in line, line
+    assert "; kept 6 files the earlier run did not write" in line, line
+    for rel in [*theirs, "tensorboard/config.yaml"]:
+        assert rel in line, (rel, line)
+
+
+def _failing_fit(root: Path, monkeypatch, capsys, *args: str, code: int) -> str:
+    return _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--overwrite", "true", *args,
+                       "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(root), code=code)  # fmt: skip
+
+
+def test_overwrite_puts_the_old_run_back_when_the_new_fit_fails_before_its_first_checkpoint(
+    tmp_path: Path, capsys, monkeypatch, caplog
+) -> None:
+    # the old run was deleted before the new one had trained: a refused tree left an empty folder
+    before = _old_run(tmp_path)
+    (tmp_path / "samples" / "holiday.png").write_bytes(b"the user's")
+    before = snapshot(tmp_path)
+    caplog.set_level("INFO")
+    line = _failing_fit(tmp_path, monkeypatch, capsys, "--model.tree.branching", "1000000", code=2)
+    assert line.startswith("error: memory guard: one rollout needs about"), line
+    assert snapshot(tmp_path) == before
+    assert (
+        f"--overwrite true: this fit stopped before its first checkpoint; put the earlier run's 4 files back in {tmp_path}"
+        in caplog.text
+    )
+    # one that failed after it trained and wrote (a grid, curves, its config record): those go, the old run comes back
+    caplog.clear()
+    nan = '{"class_path": "tests.probes.FlakyReward", "init_args": {"nan_on": [1]}}'
+    line = _failing_fit(tmp_path, monkeypatch, capsys, "--model.reward", nan, code=1)
+    assert line.startswith("error: reward 'flaky' gave non-finite scores"), line
+    assert snapshot(tmp_path) == before and not (tmp_path / SET_ASIDE).exists()
+    said = next(r.getMessage() for r in caplog.records if "stopped before its first checkpoint" in r.getMessage())
+    assert said.startswith(
+        f"--overwrite true: this fit stopped before its first checkpoint; put the earlier run's 4 files back in "
+        f"{tmp_path} and removed the "
+    ), said
+
+
+def test_overwrite_refuses_files_in_its_way_that_no_fit_recorded_before_anything_loads(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
+    # a run from before manifests, or a last.ckpt replaced by hand: it would be written over (or beside)
+    before = _old_run(tmp_path, recorded=False)
+    line = _failing_fit(tmp_path, monkeypatch, capsys, code=2)
+    assert line.startswith(
+        f"error: --overwrite true: {tmp_path} holds checkpoints/last.ckpt, samples/step_000000.png, where the new run "
+        f"writes, and they are not recorded in {tmp_path / MANIFEST_NAME} as written by a fit there"
+    ), line
+    assert "move them away yourself (or train into another --trainer.default_root_dir) and run again" in line
+    assert snapshot(tmp_path) == before
+
+
+_KILLED_OVERWRITE = """
+import os, signal, sys
+from pathlib import Path
+from lit_treegrpo.artifacts.run_folder import RunLock, clear_run
+root = Path(sys.argv[1])
+lock = RunLock(root)
+lock.acquire()
+clear_run(root)
+for rel in sys.argv[2:]:  # what the new fit wrote before it was killed
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes(b"the killed fit's")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _kill_an_overwrite(root: Path, *written: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _KILLED_OVERWRITE, str(root), *written], cwd=REPO, timeout=300,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert (root / SET_ASIDE).is_dir()
+
+
+def test_an_overwrite_killed_before_its_first_checkpoint_is_put_back_by_the_next_fit(tmp_path: Path, caplog) -> None:
+    before = _old_run(tmp_path)
+    _kill_an_overwrite(tmp_path, "tensorboard/new_run/events.out.tfevents.2.host")
+    caplog.set_level("INFO")
+    run_folder.check_new_run(tmp_path, "last", False)  # a resume: it finds last.ckpt again
+    assert {k: v for k, v in snapshot(tmp_path).items() if "new_run" not in k} == before
+    assert f"put back in {tmp_path} the earlier run's 4 files that a fit with --overwrite true set aside" in caplog.text
+    # one whose new files lie where the earlier run's go back: refused, nothing removed
+    _kill_an_overwrite(tmp_path, "samples/step_000000.png")
+    with pytest.raises(RunFolderError, match="samples/step_000000.png cannot go back, as files of the same names"):
+        run_folder.check_new_run(tmp_path, None, True)
+    assert (tmp_path / "samples" / "step_000000.png").read_bytes() == b"the killed fit's"
+    assert (tmp_path / SET_ASIDE / "samples" / "step_000000.png").read_bytes() == before["samples/step_000000.png"]
+
+
+def test_a_checkpoint_is_replaced_by_the_checkpoint_callback_only_if_a_fit_recorded_it(tmp_path: Path) -> None:
+    _old_run(tmp_path)
+    manifest = Manifest.read(tmp_path)
+    for name in ("epoch=0-step=3.ckpt", "epoch=1-step=6.ckpt"):
+        (tmp_path / "checkpoints" / name).write_bytes(b"top-k")
+        manifest.record(f"checkpoints/{name}")
+    manifest.save()
+    (tmp_path / "checkpoints" / "epoch=1-step=6.ckpt").write_bytes(b"replaced by hand")
+    lock = RunLock(tmp_path)
+    lock.acquire()  # a fit resumed there, whose ModelCheckpoint replaces both
+    try:
+        assert run_folder.remove_checkpoint(tmp_path / "checkpoints" / "epoch=0-step=3.ckpt") is True
+        assert run_folder.remove_checkpoint(tmp_path / "checkpoints" / "epoch=1-step=6.ckpt") is False
+    finally:
+        lock.release()
+    assert run_folder.remove_checkpoint(tmp_path / "checkpoints" / "last.ckpt") is None  # no fit holds the folder
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]
 
 
 def test_overwrite_refuses_a_run_sub_folder_that_is_a_link_before_any_model_loads(
@@ -259,15 +412,67 @@ def test_the_lock_removes_only_the_empty_folders_it_created(tmp_path: Path) -> N
     assert (root / "checkpoints").is_dir() and not (root / LOCK_NAME).exists()
 
 
+LAUNCH_VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE",
+                    "MASTER_ADDR", "SLURM_NTASKS", "JSM_NAMESPACE_SIZE")  # fmt: skip
+
+
 def test_the_ranks_a_launcher_starts_beside_rank_0_leave_the_folder_to_it(monkeypatch) -> None:
-    for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"):
+    for name in LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert run_folder.launch_rank() == 0
+    # Lightning's DDP launcher (and torchrun) set WORLD_SIZE and MASTER_ADDR beside the ranks
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert run_folder.launch_rank() == 1
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("NODE_RANK", "2")
     assert run_folder.launch_rank() == 2
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # srun's tasks
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert run_folder.launch_rank() == 3
+
+
+@pytest.mark.parametrize("stray", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"RANK": "3", "WORLD_SIZE": "4"},
+                                   {"SLURM_PROCID": "1", "SLURM_NTASKS": "1"}])  # fmt: skip
+def test_a_rank_variable_no_launcher_set_is_ignored_and_said(monkeypatch, caplog, stray: dict[str, str]) -> None:
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in stray.items():
+        monkeypatch.setenv(name, value)
+    caplog.set_level("INFO")
+    assert run_folder.launch_rank() == 0  # the process takes the lock and makes the checks
+    name = next(n for n in ("RANK", "SLURM_PROCID", "LOCAL_RANK") if n in stray)
+    assert (
+        f"{name}={stray[name]} in the environment, but no launcher started this process beside others (no "
+        "WORLD_SIZE > 1 with MASTER_ADDR, no SLURM_NTASKS > 1): ignored, this fit runs as the only process (rank 0)"
+    ) in caplog.text
+
+
+def test_a_stray_rank_does_not_let_a_fit_write_beside_a_run_or_past_the_lock(
+    tmp_path: Path, capsys, monkeypatch, no_model
+) -> None:
+    # RANK=1 once skipped the run check and the lock: the fit wrote last-v1.ckpt beside the run
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    before = _old_run(tmp_path)
+    line = _main_error(
+        monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, "--trainer.default_root_dir", str(tmp_path)
+    )
+    assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path} already holds a run"), line
+    assert snapshot(tmp_path) == before
+    lock = RunLock(tmp_path / "live")
+    lock.acquire()  # a fit writing there: a second one is refused, whatever its rank variables say
+    try:
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET,
+                           "--trainer.default_root_dir", str(tmp_path / "live"))  # fmt: skip
+    finally:
+        lock.release()
+    assert line.startswith(f"error: --trainer.default_root_dir: {tmp_path / 'live'} is in use by another fit"), line
 
 
 def _symlinked_lock(tmp_path: Path) -> tuple[Path, Path]:
