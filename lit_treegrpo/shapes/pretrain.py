@@ -1,13 +1,20 @@
-"""Pre-train the Shapes model by flow matching on procedural scenes, through Lightning."""
+"""Pre-train the Shapes model by flow matching on procedural scenes, through Lightning.
+
+Its command line keeps the main one's rules (:mod:`.pretrain_rules`): a bad option, file or folder ends in one
+``error:`` line and exit status 2 (``LIT_TREEGRPO_DEBUG=1``: the traceback), every value checked before anything is
+built. A fit owns ``--model.export_dir`` while it runs (the project's folder lock); the model is built in
+``<export_dir>/.pretrain-tmp/new`` and moved in once complete, never over a file the fit did not write.
+"""
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import platform
+import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
@@ -17,6 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..artifacts.run_folder import launch_rank
+from ..cli.user_errors import OneLineParser, check_yaml_file, check_yaml_values, config_files
 from ..core.rollout import rollout
 from ..core.seeding import generator
 from ..core.spec import TreeSpec
@@ -27,7 +36,14 @@ from .model import (
     build_components,
     encode_text,
     model_config_of,
-    save_components,
+)
+from .pretrain_rules import (
+    PretrainLock,
+    check_export_dir,
+    check_options,
+    run_cli,
+    take_export_dir,
+    write_model_folder,
 )
 from .reward import ShapesReward
 
@@ -309,10 +325,11 @@ class ShapesPretrainModule(pl.LightningModule):
             "torch": torch.__version__,
             "machine": platform.machine(),
         }
-        save_components(self.export_dir, parts, metadata)
+        kept = write_model_folder(self.export_dir, parts, metadata)
         rank_zero_info(
             f"Shapes model written to {self.export_dir}: colour accuracy {metrics['colour_acc']:.1%}, "
             f"shape accuracy {metrics['shape_acc']:.1%}, reward {metrics['reward']:.3f}"
+            + (f"; kept {', '.join(kept)}, which it did not write" if kept else "")
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -351,48 +368,61 @@ def sample(adapter: ShapesAdapter, prompts: list[str], seed: int = 0) -> Tensor:
 
 
 class PretrainCLI(LightningCLI):
-    """``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml``."""
+    """``python -m lit_treegrpo.shapes.pretrain fit --config configs/shapes_pretrain.yaml``, under the main command
+    line's rules (:mod:`.pretrain_rules`)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         from jsonargparse import set_parsing_settings
 
+        from ..cli.first_checks import asks_for_help
         from ..common.config_yaml import use_checked_yaml
 
-        set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        # the options' descriptions come from the sources (seconds at every start): read them for --help only
+        set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(args))
         use_checked_yaml()  # no duplicate key, aliases bounded (docs/failure_modes.md, rules 2 and 4)
-        super().__init__(
-            ShapesPretrainModule,
-            ShapesDataModule,
-            args=args,
-            run=run,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"prog": "python -m lit_treegrpo.shapes.pretrain", "default_env": False},
-        )
+        self._lock: PretrainLock | None = None  # --model.export_dir, held by a fit while it runs
+        try:
+            super().__init__(
+                ShapesPretrainModule,
+                ShapesDataModule,
+                args=args,
+                run=run,
+                parser_class=OneLineParser,  # a parse error in one line
+                save_config_kwargs={"overwrite": True},
+                parser_kwargs={"prog": "python -m lit_treegrpo.shapes.pretrain", "default_env": False},
+            )
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def init_parser(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("allow_abbrev", False)  # --trainer.max_step is a typo, not --trainer.max_steps
+        return super().init_parser(**kwargs)
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            files = config_files(argv)
+            OneLineParser.config_sources = tuple((f, os.path.abspath(f)) for f in files)
+            for path in files:
+                check_yaml_file(path)  # a YAML error names its file
+            check_yaml_values(argv)
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")  # every value, before the seed is set and anything is built
+        check_options(self.config[subcommand] if subcommand else self.config, subcommand)
 
     def before_instantiate_classes(self) -> None:
-        # the model folder is written at the end: an earlier one there is never written over
-        export_dir = self.config[self.subcommand]["model"].get("export_dir") if self.subcommand == "fit" else None
-        if export_dir is not None and not str(export_dir).strip():
-            raise ValueError("--model.export_dir: empty; give a folder, or null to write no model")
-        if export_dir is not None and Path(export_dir).exists() and any(Path(export_dir).iterdir()):
-            raise ValueError(
-                f"--model.export_dir {export_dir}: holds files (an earlier pre-training's model?); give a new or "
-                "empty folder, or null to write no model"
-            )
-
-    def before_fit(self) -> None:
-        model, data = self.model, self.datamodule
-        if data.image_size != model.config.image_size:
-            raise ValueError(
-                f"--data.image_size={data.image_size} but --model.model.image_size={model.config.image_size}; "
-                "set both to the same value"
-            )
-        if self.trainer.max_steps is None or self.trainer.max_steps < 1:
-            raise ValueError("--trainer.max_steps must be set (the scene stream is infinite)")
+        # the fit owns its model folder while it runs: an earlier model there is never written over
+        export_dir = self.config["fit"]["model"].get("export_dir") if self.subcommand == "fit" else None
+        if export_dir is not None:
+            check_export_dir(export_dir)
+            if launch_rank() == 0:  # the processes a DDP launcher starts beside rank 0 leave it to rank 0
+                self._lock = take_export_dir(export_dir)
 
 
 def main(args: list[str] | None = None) -> None:
-    PretrainCLI(args=args)
+    """Run the pre-training's command line: a user error in one ``error:`` line and exit status 2."""
+    run_cli(lambda: PretrainCLI(args=args))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,17 +71,25 @@ def test_pretraining_is_reproducible_from_its_seed_and_exports_a_loadable_model(
     assert '"steps": 4' in meta and '"colour_acc"' in meta
 
 
-def test_mismatched_image_sizes_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"--data.image_size=8 but --model.model.image_size=16"):
+def test_mismatched_image_sizes_are_refused(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
         main(pretrain_args(tmp_path, "--data.image_size", "8"))
+    assert stop.value.code == 2
+    assert "error: --data.image_size=8 but --model.model.image_size=16" in capsys.readouterr().err
 
 
-def test_an_earlier_model_folder_is_never_written_over_and_duplicate_keys_are_refused(tmp_path: Path) -> None:
+def test_an_earlier_model_folder_is_never_written_over_and_duplicate_keys_are_refused(tmp_path: Path, capsys) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "shapes_world.json").write_text("an earlier pre-training's model")
-    with pytest.raises(ValueError, match=r"^--model.export_dir .*model: holds files .*give a new or empty folder"):
+    with pytest.raises(SystemExit) as stop:
         main(pretrain_args(tmp_path))
+    assert stop.value.code == 2
+    assert re.search(
+        r"^error: --model.export_dir .*model: holds files .*give a new or empty folder", capsys.readouterr().err, re.M
+    )
     assert (tmp_path / "model" / "shapes_world.json").read_text() == "an earlier pre-training's model"
     (tmp_path / "twice.yaml").write_text("trainer:\n  max_steps: 3\n  max_steps: 5\n")
-    with pytest.raises(ValueError, match=r"the key 'max_steps' is given twice in one mapping, at lines 2 and 3"):
+    with pytest.raises(SystemExit) as stop:
         main([*pretrain_args(tmp_path / "b"), "--config", str(tmp_path / "twice.yaml")])
+    assert stop.value.code == 2
+    assert "the key 'max_steps' is given twice in one mapping, at lines 2 and 3" in capsys.readouterr().err
