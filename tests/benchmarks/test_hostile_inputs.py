@@ -10,7 +10,6 @@ if called, so that each test ends before any training by construction."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -43,16 +42,6 @@ def get(self, spec, **_):
 runs.RunCache.get = get
 compare_methods.main(sys.argv[2:])
 """
-
-
-@pytest.fixture
-def copy(tmp_path: Path) -> Path:
-    """A copy of three records of the reported comparison (read only from the repository)."""
-    runs = tmp_path / "copy" / "runs"
-    runs.mkdir(parents=True)
-    for path in sorted(REPORTED.glob("*.json"))[:3]:
-        shutil.copy(path, runs / path.name)
-    return tmp_path / "copy"
 
 
 @pytest.fixture

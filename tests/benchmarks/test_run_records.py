@@ -5,23 +5,12 @@ cannot read is named with what to do (delete it to train the run again); ``--rep
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTED = REPO / "benchmarks" / "results" / "shapes_cpu_750k" / "runs"
-
-
-@pytest.fixture
-def copy(tmp_path: Path) -> Path:
-    """A copy of three records of the reported comparison (read only from the repository)."""
-    runs = tmp_path / "copy" / "runs"
-    runs.mkdir(parents=True)
-    for path in sorted(REPORTED.glob("*.json"))[:3]:
-        shutil.copy(path, runs / path.name)
-    return tmp_path / "copy"
 
 
 def _error(capsys, *argv: str) -> str:
