@@ -32,6 +32,17 @@ def _fraction_changed(before, after) -> float:
     return sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
 
 
+def _holdable(before, grads) -> list[torch.Tensor]:
+    """Per tensor, where AdamW's first step ``lr g / (|g| + eps)`` is at least half a float32 spacing of the weight:
+    the elements float32 can move (a gradient far below eps gives a step that rounds away in any float32 model;
+    how many such gradients a CPU's kernels produce differs between machines)."""
+    out = []
+    for b, g in zip(before, grads):
+        spacing = (torch.nextafter(b, torch.full_like(b, torch.inf)) - b).abs()
+        out.append((LR * g.abs() / (g.abs() + 1e-8)) >= spacing / 2)
+    return out
+
+
 @pytest.fixture(scope="module")
 def steps():
     """One AdamW step of the tiny SD3.5 fully fine-tuned three ways, from the same (bf16-exact)
@@ -62,8 +73,11 @@ def test_bf16_full_fine_tuning_computes_in_bf16_over_float32_master_weights(step
 def test_one_adamw_step_at_lr_1e5_changes_every_weight_as_the_float32_step_does(steps) -> None:
     out, *_ = steps
     before, after, grads = out["master"]
-    assert _fraction_changed(before, after) == 1.0  # every element of every trainable tensor
-    assert _fraction_changed(*out["float32"][:2]) == 1.0
+    # every element whose step float32 can hold, of every trainable tensor (all but a few in 10^5 elsewhere)
+    for (b, a, g), version in [(out["master"], "master"), (out["float32"], "float32")]:
+        holdable = _holdable(b, g)
+        assert all(bool((x != y)[h].all()) for x, y, h in zip(a, b, holdable)), version
+        assert sum(int(h.sum()) for h in holdable) / sum(x.numel() for x in b) > 0.999, version
     # the step is AdamW's first, lr * g / (|g| + eps) (both moments' bias corrections cancel), on
     # the master's own gradient, to float32 rounding of the weights (<= 1 unit in 2^24 of |w| <= 1)
     for b, a, g in zip(before, after, grads):
