@@ -24,12 +24,27 @@ from lit_treegrpo.core.spec import TreeSpec
 from lit_treegrpo.rewards.base import RewardModel
 from lit_treegrpo.rewards.video import VideoRewardModel
 from lit_treegrpo.training.accelerator import fused_on_cuda
-from lit_treegrpo.training.algorithm import OneProcess, TreeGRPO
+from lit_treegrpo.training.algorithm import TreeGRPO
 from lit_treegrpo.training.faults import StepPlan
 from lit_treegrpo.training.step_log import PhaseTimer, Update
 
 #: a fit without a ``PruningSchedule`` callback: every edge trains
 NO_SCHEDULE = PruningPlan()
+
+
+class OneProcess:
+    """The rank reductions (``training.algorithm.Ranks``) of a single process: the values themselves."""
+
+    world_size = 1
+
+    def sum(self, values: list[int | bool]) -> list[int]:
+        return [int(v) for v in values]
+
+    def any(self, decision: bool) -> bool:
+        return decision
+
+    def max(self, values: list[int]) -> list[int]:
+        return list(values)
 
 
 class TorchOptimization:

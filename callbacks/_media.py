@@ -126,3 +126,40 @@ class MediaWriters:
                 f"trainer has {', '.join(kinds)}; they are skipped (add one of those loggers to see them)"
             )
         return writers
+
+
+#: the largest ``scale`` of a logged picture: it exists to make 16 px images legible (the Shapes world's need 3-4)
+MAX_SCALE = 64
+#: the widest ``padding`` between a grid's images: a frame, not a canvas (3455 px asked for 5.6 GiB)
+MAX_PADDING = 64
+#: the most pixels of a grid's enlarged images together (float32 RGB: 3 GiB), checked before they are enlarged
+MAX_GRID_PIXELS = 2**28
+
+
+def check_scale(owner: str, scale: int) -> int:
+    """``scale`` as an int, refused in one line outside 1 .. :data:`MAX_SCALE`."""
+    if not 1 <= scale <= MAX_SCALE:
+        raise ValueError(
+            f"{owner}.scale must be an integer in 1 .. {MAX_SCALE} (it enlarges small images to be legible), got {scale}"
+        )
+    return int(scale)
+
+
+def check_enlarged(owner: str, images: int, height: int, width: int, scale: int) -> None:
+    """Refuse, before any is allocated, ``images`` pictures of ``height`` x ``width`` enlarged ``scale`` times that
+    together exceed :data:`MAX_GRID_PIXELS`."""
+    pixels = images * height * width * scale * scale
+    if pixels > MAX_GRID_PIXELS:
+        raise ValueError(
+            f"{owner}: {images} image(s) of {height} x {width} enlarged {scale} times are {pixels:,} pixels, more "
+            f"than the {MAX_GRID_PIXELS:,} a grid may hold; lower {owner}.scale or give fewer prompts or seeds"
+        )
+
+
+def check_padding(owner: str, padding: int) -> int:
+    """``padding`` as an int, refused in one line outside 0 .. :data:`MAX_PADDING`."""
+    if not 0 <= padding <= MAX_PADDING:
+        raise ValueError(
+            f"{owner}.padding must be an integer in 0 .. {MAX_PADDING} (pixels between images), got {padding}"
+        )
+    return int(padding)

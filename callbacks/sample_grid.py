@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from lit_treegrpo.common.text import check_prompt, cut_prompts
 
-from ._media import MediaWriters
+from ._media import MediaWriters, check_enlarged, check_padding, check_scale
 from ._video import gif_bytes, strip_frames
 from .drawing import captioned_grid
 from .ema import EMA
@@ -90,17 +90,13 @@ class SampleGridLogger(EveryNIterations):
             raise ValueError(f"SampleGridLogger.every_n_steps must be >= 1, got {every_n_steps}")
         if not tag:
             raise ValueError("SampleGridLogger.tag must be a non-empty string")
-        if padding < 0:
-            raise ValueError(f"SampleGridLogger.padding must be >= 0, got {padding}")
-        if scale < 1:
-            raise ValueError(f"SampleGridLogger.scale must be an integer >= 1, got {scale}")
         self.prompts = prompts
         self.seeds = [int(s) for s in seeds]
         self.every_n_steps = every_n_steps
         self.tag = tag
         self.save_png = save_png
-        self.padding = padding
-        self.scale = int(scale)
+        self.padding = check_padding("SampleGridLogger", padding)
+        self.scale = check_scale("SampleGridLogger", scale)
         self.captions = captions
         if fps < 1 or strip_frames < 1:
             raise ValueError(f"SampleGridLogger.fps and strip_frames must be >= 1, got {fps} and {strip_frames}")
@@ -140,6 +136,8 @@ class SampleGridLogger(EveryNIterations):
                     )
                 images = images.detach().float().cpu()
                 if self.scale > 1:
+                    count = images.shape[0] * len(self.seeds) * (images.shape[1] if images.ndim == 5 else 1)
+                    check_enlarged("SampleGridLogger", count, images.shape[-2], images.shape[-1], self.scale)
                     images = images.repeat_interleave(self.scale, dim=-2).repeat_interleave(self.scale, dim=-1)
                 columns.append(images)
         return torch.stack(columns, dim=1)  # rows: prompts

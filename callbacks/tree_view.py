@@ -13,7 +13,7 @@ from typing_extensions import override
 from lit_treegrpo.common.text import check_prompt, cut_prompts
 from lit_treegrpo.core.seeding import generator as seeded
 
-from ._media import MediaWriters
+from ._media import MediaWriters, check_scale
 from .drawing import draw_tree
 from .iterations import EveryNIterations
 
@@ -44,8 +44,6 @@ class TreeView(EveryNIterations):
         prompt = cut_prompts([check_prompt(prompt, "TreeView.prompt")], "TreeView.prompt")[0]
         if every_n_steps < 1:
             raise ValueError(f"TreeView.every_n_steps must be >= 1, got {every_n_steps}")
-        if scale < 1:
-            raise ValueError(f"TreeView.scale must be an integer >= 1, got {scale}")
         if not tag:
             raise ValueError("TreeView.tag must be a non-empty string")
         self.prompt = prompt
@@ -53,7 +51,7 @@ class TreeView(EveryNIterations):
         self.every_n_steps = every_n_steps
         self.tag = tag
         self.save_png = save_png
-        self.scale = int(scale)
+        self.scale = check_scale("TreeView", scale)
         self.last_logged: int | None = None
         self._writers = MediaWriters(f"TreeView(tag={tag!r})")
 

@@ -117,7 +117,7 @@ ALLOWED = {
 #: the Shapes pre-training uses the main CLI's one-line errors and checks and the artifacts' folder lock
 COMMAND_LINES = {
     "lit_treegrpo.shapes.pretrain": {"cli", "artifacts"},
-    "lit_treegrpo.shapes.pretrain_rules": {"cli", "artifacts"},
+    "lit_treegrpo.shapes.pretrain_rules": {"cli", "artifacts", "training"},  # training: the work estimate's bounds
 }
 #: imports the engine may not make: the frameworks above it, and the environment (it computes from
 #: its arguments alone, the same on every machine)

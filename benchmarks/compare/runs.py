@@ -33,7 +33,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from lit_treegrpo.common import reads
 from lit_treegrpo.common.files import MiB, read_text_limited
+from lit_treegrpo.common.reads import kind_of
 
 from .methods import RunSpec, build, resolved_config, training_identity
 
@@ -56,36 +58,14 @@ class RunRecordError(InputError):
     """A run record that cannot be read: one line naming the file and what to do."""
 
 
-def kind_of(mode: int) -> str:
-    """What a file of ``mode`` that is no regular file is."""
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "no regular file"
-
-
 def regular_file(path: Path, what: str, fix: str, error: type[InputError] = InputError) -> bool:
-    """Whether ``path`` is a regular file (False: nothing is there), told by its status, never by opening it: reading
-    a FIFO, socket or device blocks or never ends. ``error`` names the path, ``what`` belongs there and ``fix``
-    when something else is there."""
+    """Whether ``path`` is a regular file (False: nothing is there), told by its status, never by opening it
+    (the package's :func:`~lit_treegrpo.common.reads.regular_file`): ``error`` names the path, ``what`` belongs there
+    and ``fix`` when something else is there, or its status cannot be read."""
     try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise error(f"{path} is a symbolic link to nothing, not {what}; {fix}") from None
-        return False
+        return reads.regular_file(path, what, fix, error=error)
     except OSError as err:  # a parent that is a file, no permission, a loop of links
         raise error(f"{path}: cannot be read ({err.strerror}); {fix}") from None
-    if not stat.S_ISREG(mode):
-        raise error(f"{path} is {kind_of(mode)}, not {what} (a regular file); {fix}")
-    return True
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing_extensions import override
 from ..common.errors import explain_os_error, first_line
 from ..common.files import HashingWriter, remove_written, replace_with_written
 from ..common.lightning_private import fsdp_lazy_load_replaced, is_local_path
+from ..common.reads import regular_file
 
 _TMP_SUFFIX = ".tmp"
 #: what every Lightning checkpoint holds, whatever wrote it
@@ -170,7 +171,10 @@ def _without_advice(err: BaseException) -> str:
 
 
 def _check_file(path: Path, option: str) -> None:
-    if not path.is_file():
+    """Refuse ``path`` unless it is a regular file, told by its status (a FIFO would make the read wait for ever, a
+    device never end): :class:`~lit_treegrpo.common.reads.NotARegularFile` names what is there."""
+    fix = "give a checkpoint file that fit wrote (<root>/checkpoints/*.ckpt)"
+    if not regular_file(path, "a checkpoint file", fix, option=option):
         raise FileNotFoundError(f"{option}: no checkpoint file at {path}; check the path")
 
 

@@ -39,7 +39,9 @@
 - :class:`RunTensorBoardLogger`: opens its event file when something is first logged, not when
   a command starts, so that a command stopped or refused before that leaves no empty event file;
   the file lies in ``<root>/tensorboard/<run name>/``, the name saying what ran (:func:`run_name`),
-  so that TensorBoard lists the run by it. :func:`event_folder` finds it.
+  so that TensorBoard lists the run by it. :func:`event_folder` finds it. A write it cannot make (a full disk, a
+  read-only folder) is one :class:`LogWriteError` naming that folder; ``validate`` / ``test`` raise it after
+  their results are printed (``defer_write_failures``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
+from ..common.errors import WriteError, explain_os_error, write_error
 from ..common.files import Manifest, NotWrittenHere, check_no_link
 from .locks import LOCK_NAME, FolderLock, RunFolderError, fcntl
 from .run_outputs import (
@@ -217,19 +221,63 @@ class RunConfigRecord(SaveConfigCallback):
         self.save_config(trainer, pl_module, "fit")
 
 
-class _DeferredSummaryWriter:
-    """A ``SummaryWriter`` opened by its first use; ``flush`` / ``close`` before that do nothing."""
+class LogWriteError(WriteError):
+    """A logger could not write its files (a full disk, a read-only folder, a file where its folder should be): one
+    line naming the folder, what the system said and the fix."""
 
-    def __init__(self, open_writer: Any) -> None:
-        self._open_writer = open_writer
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _DeferredSummaryWriter:
+    """A ``SummaryWriter`` opened by its first use; ``flush`` / ``close`` before that do nothing.
+
+    A write it cannot make raises :class:`LogWriteError` naming its folder (TensorBoard's own ``OSError`` names no
+    path when the disk is full, and comes from its writer thread at the next write or flush); ``close`` flushes
+    first, so that a failure of the thread's last write is raised too. After a failure the writer writes nothing
+    more and its ``flush`` / ``close`` do nothing (the failure was raised). Under its logger's
+    ``defer_write_failures`` the failure is kept in :attr:`failure` instead of raised, for the command to raise
+    once its results are out (:meth:`RunTensorBoardLogger.raise_write_failure`), and every later write is skipped."""
+
+    def __init__(self, logger: RunTensorBoardLogger) -> None:
+        self._logger = logger  # opens the writer, names its folder, says whether to defer (read at a failure)
         self._writer: Any = None
+        self.failure: LogWriteError | None = None
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy / pickle protocol lookups: no writer's to give
+            raise AttributeError(name)
+        if self.failure is not None:
+            return _nothing  # said once (or kept, deferred); nothing more is written
         if self._writer is None:
             if name in ("flush", "close"):
-                return lambda *args, **kwargs: None
-            self._writer = self._open_writer()
-        return getattr(self._writer, name)
+                return _nothing
+            self._writer = self._written(self._logger._open_writer)
+            if self._writer is None:  # the failure is kept (deferred)
+                return _nothing
+        attr = getattr(self._writer, name)
+        if not callable(attr):
+            return attr
+        if name == "close":
+            return lambda: self._written(self._flushed_close)
+        return lambda *args, **kwargs: self._written(attr, *args, **kwargs)
+
+    def _flushed_close(self) -> None:
+        self._writer.flush()  # raises what the writer thread met: its close alone would not
+        self._writer.close()
+
+    def _written(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except OSError as err:
+            if err.errno is None:
+                raise  # not the system's answer to a write (PIL's encoder errors are OSErrors too)
+            message = f"cannot write the TensorBoard events in {self._logger._event_folder()}: {explain_os_error(err)}"
+            self.failure = failure = write_error(message, err, LogWriteError)
+            if self._logger.defer_write_failures:
+                return None
+            raise failure from err
 
 
 def run_name(module: Any) -> str:
@@ -267,16 +315,44 @@ class RunTensorBoardLogger(TensorBoardLogger):
     ``log_dir`` already holds event files of a run written before runs were named: its curves go on
     there."""
 
-    def __init__(self, *args: Any, run_name: str = "", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, run_name: str = "", defer_write_failures: bool = False, **kwargs: Any) -> None:
+        """``defer_write_failures``: a write that fails (a full disk, a read-only folder) is kept, and every later one
+        skipped, until :meth:`raise_write_failure` (validate / test: their results are printed first, set by the
+        CLI); else it raises :class:`LogWriteError` at once."""
         super().__init__(*args, **kwargs)
         self.run_name = run_name
+        self.defer_write_failures = defer_write_failures
 
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
         if self._experiment is None:
-            self._experiment = _DeferredSummaryWriter(self._open_writer)
+            self._experiment = _DeferredSummaryWriter(self)
         return self._experiment
+
+    @property
+    def write_failure(self) -> LogWriteError | None:
+        """The write that failed, kept under ``defer_write_failures``; None when none did."""
+        experiment = self._experiment
+        return experiment.failure if isinstance(experiment, _DeferredSummaryWriter) else None
+
+    def raise_write_failure(self, note: str = "") -> None:
+        """Raise the write failure kept under ``defer_write_failures``, if there was one, with ``note`` added."""
+        failure = self.write_failure
+        if failure is not None and isinstance(failure.__cause__, OSError):
+            raise write_error(f"{failure}{note}", failure.__cause__, LogWriteError) from failure.__cause__
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        try:
+            super().log_metrics(metrics, step)
+        except ValueError as err:
+            # Lightning words any failure of add_scalar as a value it cannot log: a failed write is said as such
+            failure = err.__cause__
+            if isinstance(failure, LogWriteError):
+                raise failure from failure.__cause__
+            raise
 
     @override
     @rank_zero_only
@@ -288,15 +364,19 @@ class RunTensorBoardLogger(TensorBoardLogger):
         else:
             self.experiment.flush()
 
+    def _event_folder(self) -> Path:
+        """Where the events go: ``<log_dir>/<run_name>``, or ``log_dir`` when it holds an unnamed run's events."""
+        folder = Path(self.log_dir)
+        if self.run_name and not any(folder.glob("events.out.tfevents.*")):
+            folder = folder / self.run_name
+        return folder
+
     def _open_writer(self) -> Any:
         from torch.utils.tensorboard import SummaryWriter
 
         if self.root_dir:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-        folder = Path(self.log_dir)
-        if self.run_name and not any(folder.glob("events.out.tfevents.*")):
-            folder = folder / self.run_name
-        return SummaryWriter(log_dir=str(folder), **self._kwargs)
+        return SummaryWriter(log_dir=str(self._event_folder()), **self._kwargs)
 
 
 def write_new_record(folder: Path, text: str) -> Path:
@@ -320,6 +400,7 @@ __all__ = [
     "RUN_OUTPUT_NAMES",
     "SET_ASIDE",
     "FolderLock",
+    "LogWriteError",
     "RunConfigRecord",
     "RunFolderError",
     "RunLock",

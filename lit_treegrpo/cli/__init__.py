@@ -7,7 +7,8 @@
 - :mod:`.checks`: every check that needs no model, run before any weights load; the Trainer's
   options in :mod:`.trainer_checks`.
 - :mod:`.user_errors`: :class:`UserError` and the rule that turns a configuration, file or
-  environment error into one line and exit status 2.
+  environment error into one line and exit status 2; :mod:`.special_files`: a FIFO or device given
+  where the parser would read a file, refused before it opens it.
 - :mod:`.commands`: the ``export`` subcommand (its options and its run), and which weights
   validate / test / predict evaluate (a checkpoint's EMA).
 - :mod:`.run_output`: what a run prints (progress lines or bar, a compact summary, a Ctrl-C said as

@@ -45,9 +45,8 @@ LightningCLI over :class:`TreeGRPOModule` and :class:`PromptDataModule`, with th
 - ``export`` writes a checkpoint's trained weights in the family's diffusers format with a card
   (:mod:`lit_treegrpo.artifacts.export`); ``validate`` / ``test`` / ``predict`` evaluate a checkpoint's EMA
   weights when its run had an EMA (``--raw_weights true``: the training weights).
-- Output and length (:mod:`lit_treegrpo.cli.run_output`): progress lines instead of the bar when stdout
-  is not a terminal, a quiet start-up, ``--max_iterations`` in training iterations.
-"""
+- Output and length (:mod:`lit_treegrpo.cli.run_output`): progress lines for a stdout that is no terminal, a quiet
+  start-up, ``--max_iterations`` in training iterations."""
 
 from __future__ import annotations
 
@@ -83,7 +82,7 @@ from ..training.module import TreeGRPOModule
 from .checks import adapter_config, check_config, check_resume_options
 from .commands import ExportCommand, add_command_options, choose_weights, export_checkpoint, say_which_weights
 from .config_record import LoggedConfigRecord
-from .first_checks import DEBUG_ENV, asks_for_help, resolve_config_names
+from .first_checks import DEBUG_ENV, asks_for_help, check_path_lengths, negative_values_joined, resolve_config_names
 from .run_output import (
     MAX_ITERATIONS_HELP,
     MAX_STEPS_HELP,
@@ -95,6 +94,7 @@ from .run_output import (
     quiet_startup,
     report_interrupts,
 )
+from .special_files import check_values
 from .user_errors import (
     RUN_FAULTS,
     USER_ERRORS,
@@ -102,10 +102,10 @@ from .user_errors import (
     OneLineParser,
     UserError,
     check_yaml_file,
-    check_yaml_values,
     config_files,
     exit_status,
     one_line,
+    write_failures_said,
 )
 
 DEFAULT_ROOT = "runs/lit_treegrpo"
@@ -124,7 +124,7 @@ class TreeGRPOCLI(LightningCLI):
         self._checkpoint: dict[str, Any] | None = None  # what was read from it, handed to its users
         self._ckpt_path: str | None = None  # --ckpt_path resolved and checked
         self._lock: RunLock | None = None  # held by a fit (launch rank 0) while it runs
-        self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to delete
+        self._clear_before_fit: Path | None = None  # --overwrite true: the earlier run to set aside
         self._max_iterations: int | None = None  # fit's --max_iterations
         try:
             super().__init__(
@@ -179,12 +179,14 @@ class TreeGRPOCLI(LightningCLI):
         # string>"; read each one first, so the message names the file
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, (list, tuple)):
-            argv = resolve_config_names(list(argv))  # --config shapes: the shipped configs/shapes.yaml
+            argv = negative_values_joined(list(argv))  # --option -1e3 is a value, not an option
+            check_path_lengths(argv)  # before Path.exists looks (and raises on a path too long)
+            argv = resolve_config_names(argv)  # --config shapes: the shipped configs/shapes.yaml
             files = config_files(argv)
             OneLineParser.config_sources = tuple((f, os.path.abspath(f)) for f in files)
             for path in files:
                 check_yaml_file(path)
-            check_yaml_values(argv)
+            check_values(argv, parser)
             if args is None:
                 sys.argv[1:] = argv  # Lightning warns about an args list given beside a command line
             else:
@@ -248,7 +250,7 @@ class TreeGRPOCLI(LightningCLI):
 
     def _take_run_folder(self, root: Path, *, overwrite: bool) -> None:
         """Lock the folder for this fit (refused while another fit holds it); with
-        ``--overwrite true`` its earlier run is deleted in :meth:`before_fit`."""
+        ``--overwrite true`` the files its earlier run wrote are set aside in :meth:`before_fit`."""
         lock = RunLock(root)
         try:
             lock.acquire()
@@ -355,7 +357,8 @@ class TreeGRPOCLI(LightningCLI):
             self._export()
             return
         try:
-            super()._run_subcommand(subcommand)
+            with write_failures_said(subcommand, self.trainer):  # a failed write in one line, naming its path
+                super()._run_subcommand(subcommand)
         except SIGTERMException:
             if subcommand == "fit":
                 raise  # last.ckpt was written; exits with status 0
@@ -387,8 +390,8 @@ class TreeGRPOCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
-        # --overwrite true deletes the earlier run only now that this one's model and trainer are
-        # built: a fit that fails to load keeps the earlier run
+        # --overwrite true sets the earlier run's files aside only now that this one's model and trainer
+        # are built (a fit that fails to load keeps the earlier run); deleted at the first checkpoint
         if self._clear_before_fit is not None:
             try:
                 clear_run(self._clear_before_fit)  # says which files it kept

@@ -34,6 +34,7 @@ from ..training.resume import (
     reward_record,
 )
 from ..training.settings import AdvantageSettings, UpdateSettings, check_val_samples
+from ..training.work import WorkLimit, check_configured_steps, check_configured_work
 from .trainer_checks import check_trainer, data_parallel_world, is_number
 from .user_errors import UserError
 
@@ -177,6 +178,10 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     check_lr_schedule(model.get("optimizer"), model.get("lr_scheduler"), _plain(config["trainer"]))
     check_adapter_arguments(model.get("adapter"))
     _build_named("--model.", lambda: ComputeCost(**(_plain(model.get("compute_cost")) or {})))
+    # before the tree is built: its checks loop over the steps, and a num_steps of 1e18 would never end
+    limit = _build("--model.work_limit", lambda: WorkLimit(**_plain(model["work_limit"])))
+    tree_steps = _plain(model["tree"]).get("num_steps") if isinstance(model["tree"], Namespace) else None
+    _build_named("", lambda: check_configured_steps(limit, tree_steps, adapter_args_of(model).get("num_steps")))
     # the module's own option objects, built as the module builds them (each checks itself)
     tree = _build("--model.tree", lambda: TreeSpec.from_dict(_plain(model["tree"])))
     _build("--model.rollout", lambda: RolloutLimits(**_plain(model["rollout"])))
@@ -187,26 +192,33 @@ def check_config(config: Any, subcommand: str | None = None) -> None:
     loss = _build("--model.loss", lambda: _loss(model.get("loss")))
     _build_named("--model.", lambda: UpdateSettings.of(model))
     _build_named("--model.", lambda: check_val_samples(model["val_samples"]))
-    adapter = model.get("adapter")
-    adapter_args = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
-    adapter_args = adapter_args if isinstance(adapter_args, dict) else {}
+    adapter_args = adapter_args_of(model)
     if adapter_args.get("num_steps") is not None:  # the adapter owns the number of steps
         try:
             tree = tree.with_num_steps(adapter_args["num_steps"], prefix="--model.")
         except ValueError as err:  # another num_steps (named already), or a step out of the adapter's range
             text = str(err)
             raise UserError(text if text.startswith("--model.") else f"--model.tree: {text}") from err
-    _build_named("", lambda: tree.check_trains(prefix="--model."))
-    if loss is not None:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
-        has_lora = adapter_args.get("lora", True) is not None
-        _build_named("", lambda: check_kl_reference(loss.kl_beta, has_lora=has_lora, prefix="--model."))
     data = _plain(config["data"])
     with warnings.catch_warnings():  # e.g. duplicate prompts: warned when the real module is built
         warnings.simplefilter("ignore")
         datamodule = PromptDataModule(**data)
     world = data_parallel_world(config["trainer"])
-    if world is not None:
-        datamodule.per_rank_batch_size(world)
+    per_rank = datamodule.per_rank_batch_size(world if world is not None else 1)
+    counts = dict(prompts=per_rank, val_prompts=len(datamodule.val_set.prompts))
+    samples = dict(inner_epochs=int(model["inner_epochs"]), val_samples=int(model["val_samples"]))
+    _build_named("", lambda: check_configured_work(limit, tree, adapter_args, **counts, **samples))
+    _build_named("", lambda: tree.check_trains(prefix="--model."))
+    if loss is not None:  # an adapter's lora defaults on; only an explicit null turns it off before the model loads
+        has_lora = adapter_args.get("lora", True) is not None
+        _build_named("", lambda: check_kl_reference(loss.kl_beta, has_lora=has_lora, prefix="--model."))
+
+
+def adapter_args_of(model: Any) -> dict[str, Any]:
+    """The adapter's ``init_args`` as given (empty when there are none)."""
+    adapter = model.get("adapter")
+    found = _plain(adapter.get("init_args")) if isinstance(adapter, Namespace) else None
+    return found if isinstance(found, dict) else {}
 
 
 def _loss(spec: Any) -> ClippedPolicyLoss | None:
@@ -323,7 +335,7 @@ def check_lr_schedule(optimizer: Any, scheduler: Any, trainer: dict[str, Any]) -
 _ADAPTER_RULES = {
     "num_steps": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),
     "decode_batch_size": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),
-    "guidance_scale": (lambda v: v >= 0, ">= 0 (<= 1 turns classifier-free guidance off)"),
+    "guidance_scale": (lambda v: 0 <= v <= 100, "in [0, 100] (<= 1 turns classifier-free guidance off)"),  # 1e226: NaN
     "noise_level": (lambda v: v > 0, "> 0 (the SDE steps' noise; 0 samples nothing to learn from)"),
     "resolution": (lambda v: v >= 8 and v % 8 == 0, "a multiple of 8 (every family's VAE downsamples by 8), >= 8"),
     "num_frames": (lambda v: v >= 1 and v == int(v), "a whole number >= 1"),

@@ -21,6 +21,7 @@ reward registry (torch) only when a configuration needs them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -294,9 +295,64 @@ def check_extras(model: dict[str, Any]) -> None:
                 raise FirstCheckError(f"--model.reward: {err}") from err  # as the later check says it
 
 
+# ------------------------------------------------------------------------ the values as typed
+#: the longest name of one folder or file, and of a whole path, on Linux (and most systems)
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def negative_values_joined(argv: list[str]) -> list[str]:
+    """``--option -4e16`` as ``--option=-4e16``: argparse takes a value that starts with '-' and is not a plain
+    integer or decimal (an exponent, ``-inf``) for an option, and then says the option before it lacks its value."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg, value = str(argv[i]), str(argv[i + 1]) if i + 1 < len(argv) else ""
+        if arg.startswith("--") and "=" not in arg and value.startswith("-") and _is_number(value):
+            out.append(f"{arg}={value}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_path_lengths(argv: list[str]) -> None:
+    """Refuse, naming the option, a value that can only be a path and is longer than the system allows (a name past
+    :data:`NAME_MAX` bytes, a path past :data:`PATH_MAX`): the first look at it (``Path.exists``) raised ``OSError``
+    with a traceback, and later ones named the path but not the option. A value with a space, or YAML, is no path."""
+    option = None
+    for arg in map(str, argv):
+        if arg.startswith("-") and not _is_number(arg):
+            option, _, value = arg.partition("=")
+            if not value:
+                continue
+        else:
+            value = arg
+        if option is None or any(c.isspace() for c in value) or value.startswith(("{", "[")):
+            continue
+        encoded = os.fsencode(value)
+        longest = max((len(part) for part in encoded.split(b"/")), default=0)
+        if longest > NAME_MAX or len(encoded) > PATH_MAX:
+            what = f"a name of {longest} bytes (at most {NAME_MAX})" if longest > NAME_MAX else f"{len(encoded)} bytes"
+            raise FirstCheckError(
+                f"{option}: the path is longer than this system allows ({what}, paths at most {PATH_MAX}); give a "
+                "shorter one"
+            )
+
+
 def first_checks(argv: list[str]) -> list[str]:
     """Run the checks of the module docstring on the command line ``argv``; returns it with the
     shipped configs' names resolved."""
+    argv = negative_values_joined(argv)
+    check_path_lengths(argv)  # before anything looks at a path (Path.exists raises on one too long)
     argv = resolve_config_names(argv)
     if not any(a in SUBCOMMANDS for a in argv):
         return argv

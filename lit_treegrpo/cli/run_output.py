@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,30 @@ def quiet_known_warnings() -> None:
     # the run folder's rules decide what a fit may find in checkpoints/ (a resume finds its own)
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     quiet_startup()
+    quiet_event_writer_threads()
+
+
+#: the module of TensorBoard's event writer thread (``_AsyncWriterThread``)
+EVENT_WRITER_MODULE = "tensorboard.summary.writer.event_file_writer"
+
+
+def quiet_event_writer_threads() -> None:
+    """Drop, for the whole process, the traceback Python prints when TensorBoard's event writer thread fails to
+    write (a full disk, a read-only folder): the library hands that ``OSError`` to the thread that writes or
+    flushes next, where the run's logger says it in one line naming the folder
+    (:class:`~lit_treegrpo.artifacts.run_folder.RunTensorBoardLogger`, which flushes before it closes). Every
+    other thread's exception is printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_event_writers", False):
+        return  # installed by an earlier command of this process
+
+    def excepthook(args: Any) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__module__ == EVENT_WRITER_MODULE:
+            return
+        previous(args)
+
+    excepthook.quiet_event_writers = True  # type: ignore[attr-defined]
+    threading.excepthook = excepthook
 
 
 def output_callbacks(

@@ -228,6 +228,7 @@ def check_trainer(trainer: dict[str, Any], subcommand: str | None = None) -> Non
             raise UserError(f"--trainer.{name} 0: the fit would train nothing; give >= 1, or -1 for no limit{also}")
     _at_least(trainer, "min_epochs", 0)
     _at_least(trainer, "min_steps", 0)
+    _minimum_below_stops(trainer)
     _at_least(trainer, "check_val_every_n_epoch", 1)
     _at_least(trainer, "num_sanity_val_steps", -1, " (-1: every validation batch)")
     _at_least(trainer, "reload_dataloaders_every_n_epochs", 0)
@@ -282,3 +283,20 @@ def _val_check_interval(trainer: dict[str, Any]) -> None:
             f"{option} {value}: a fraction of an epoch needs --trainer.check_val_every_n_epoch, which is "
             "null; give the training steps between validations (an integer) instead"
         )
+
+
+def _minimum_below_stops(trainer: dict[str, Any]) -> None:
+    """Refuse ``min_steps`` / ``min_epochs`` past a stop they would override: Lightning keeps training until the
+    minimum is reached whatever ``max_steps``, ``max_epochs`` or ``max_time`` say (a min_steps of 1e18 ran until
+    killed, saying "Time limit reached" at every step)."""
+    for name, stop in (("min_steps", "max_steps"), ("min_epochs", "max_epochs")):
+        least, most = trainer.get(name), trainer.get(stop)
+        if not is_number(least) or least <= 0:
+            continue
+        if is_number(most) and most >= 0 and least > most:
+            raise UserError(f"--trainer.{name} {least} is past --trainer.{stop} {most}, which it overrides; lower it")
+        if trainer.get("max_time") is not None:
+            raise UserError(
+                f"--trainer.{name} {least}: Lightning trains that far whatever --trainer.max_time says; give one of "
+                "the two"
+            )

@@ -3,12 +3,13 @@ an exit status (:func:`exit_status`), never with a usage block or, for a user er
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
 import re
 import signal
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import yaml
@@ -16,8 +17,10 @@ from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ..artifacts.run_folder import RunTensorBoardLogger
 from ..common.config_yaml import ConfigYAMLError, checked_loader, load_yaml, read_yaml_file
-from ..common.errors import explain_os_error, first_line
+from ..common.errors import WRITE_ERRNOS, explain_os_error, first_line, write_error
+from ..common.reads import regular_file
 from ..rewards import NonFiniteRewardError
 from ..training.faults import FaultLimitError
 
@@ -246,6 +249,12 @@ def explain_parse_error(message: str, parser: Any, files: tuple[tuple[str, str],
         if given:
             return _no_such_option(given[0], options, see)
         return f"unexpected argument(s) {unknown.group(1)!r}; options start with -- ({see})"
+    missing = re.match(r"argument (--[\w.]+): expected one argument", text)
+    if missing:  # argparse takes a value such as -1 or -inf for the next option
+        return (
+            f"{missing.group(1)}: expected a value; a value that starts with '-' (-1, -inf) is given after '=' "
+            f"(--option=-1) ({see})"
+        )
     key = re.search(r"does not accept option '([\w.]+)'", text) or re.search(
         r"Option '([\w.]+)' is not accepted before", text
     )
@@ -302,11 +311,16 @@ def config_files(argv: list[str] | tuple[str, ...]) -> list[str]:
 def check_yaml_file(path: str) -> None:
     """Raise :class:`UserError` naming ``--config path`` when the file is larger than
     :data:`~lit_treegrpo.common.config_yaml.MAX_CONFIG_BYTES`, not UTF-8, not valid YAML, gives a
-    key twice or expands beyond the alias bound (:mod:`lit_treegrpo.common.config_yaml`)."""
-    if not Path(path).is_file():
-        return  # jsonargparse's own error names the missing file
+    key twice or expands beyond the alias bound (:mod:`lit_treegrpo.common.config_yaml`), or is a FIFO, device,
+    socket or folder (told by its status: jsonargparse would open it, and wait for ever on a FIFO)."""
     try:
-        read_yaml_file(path, f"--config {path}")
+        fix = "give a YAML file, or the name of a shipped config (--config shapes)"
+        if not regular_file(path, "a config file", fix, option="--config"):
+            return  # jsonargparse's own error names the missing file
+        loaded = read_yaml_file(path, f"--config {path}")
+        if not isinstance(loaded, dict):  # jsonargparse said only "Unexpected config:"
+            what = "empty" if loaded is None else f"a YAML {type(loaded).__name__}, not a mapping of options"
+            raise UserError(f"--config {path}: the file is {what}; give a mapping such as `trainer: {{max_steps: 10}}`")
     except ValueError as err:  # too large, not UTF-8, not valid or refused YAML: named already
         raise UserError(str(err)) from err
     except OSError as err:
@@ -336,6 +350,27 @@ def check_yaml_values(argv: list[str] | tuple[str, ...]) -> None:
             continue  # not YAML: a plain text value
 
 
+@contextlib.contextmanager
+def write_failures_said(subcommand: str, trainer: Any) -> Iterator[None]:
+    """Around a command's run, writes the disk refuses said in one line naming the path: ``validate`` / ``test``
+    print their results after Lightning has logged them, so their logger keeps a failed write (a full disk, a
+    read-only folder) and it is raised here once the results are out, not in their place; a write refused without
+    naming its file (a full disk met by a PNG's ``write``: the system names no path then) names the run folder,
+    where the command writes."""
+    loggers = [logger for logger in trainer.loggers if isinstance(logger, RunTensorBoardLogger)]
+    for logger in loggers:
+        logger.defer_write_failures = subcommand in ("validate", "test")
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.strerror is None or err.errno not in WRITE_ERRNOS:
+            raise  # it names its path, or says itself in one line
+        where = f"{subcommand} could not write its outputs in {trainer.default_root_dir} (--trainer.default_root_dir)"
+        raise write_error(f"{where}: {explain_os_error(err)}", err) from err
+    for logger in loggers:
+        logger.raise_write_failure(f" ({subcommand} printed its results above; they are not in TensorBoard)")
+
+
 # numerical faults that stop a run (a NaN reward, loss or gradient under faults.nonfinite=error,
 # too many consecutive skips under skip): explained in one line, exit status 1
 RUN_FAULTS = (NonFiniteRewardError, FloatingPointError, FaultLimitError)
@@ -363,6 +398,8 @@ def one_line(err: BaseException) -> str:
         # jsonargparse building a class of a union (a callback of trainer.callbacks) wraps the
         # class's own message, which names the option
         where = "--trainer.callbacks: " if "lightning.pytorch.callbacks.callback.Callback" in str(err) else ""
+        if "lit_treegrpo.models.lora.LoraSettings" in str(err):  # an adapter's `lora` (LoraSettings or null)
+            where = "--model.adapter.init_args."  # its message names lora.<field>
         return f"{where}{one_line(cause)}"
     if isinstance(err, MisconfigurationException):
         return f"the trainer's settings (--trainer.*): {first_line(err)}"

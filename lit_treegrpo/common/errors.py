@@ -35,3 +35,20 @@ def explain_os_error(err: OSError) -> str:
     code = errno.errorcode.get(err.errno, str(err.errno))
     fix = _OS_FIXES.get(err.errno, "check the path, the disk and the network")
     return f"{paths + ': ' if paths else ''}{err.strerror} ({code}); {fix}"
+
+
+#: what a full or read-only disk answers a ``write`` with, which names no file (an ``open`` names its path)
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+class WriteError(OSError):
+    """A file a command writes could not be written (a full disk, a read-only folder): the message is one line naming
+    the path, what the system said and the fix (:func:`write_error`); ``errno`` is the system's."""
+
+
+def write_error(message: str, err: OSError, kind: type[WriteError] = WriteError) -> WriteError:
+    """A ``kind`` saying ``message`` (the path, and :func:`explain_os_error` of ``err``), with ``err``'s errno and
+    ``err`` as its cause."""
+    error = kind(message)
+    error.errno, error.__cause__ = err.errno, err
+    return error

@@ -1,4 +1,5 @@
-"""Removing, replacing and reading files: the one place the package removes or replaces a file.
+"""Removing and replacing files: the one place the package removes or replaces a file (reading a user's file, only
+a regular one and up to a bound: :mod:`.reads`, whose helpers this module gives too).
 
 What the project may remove is what it wrote, and it knows what it wrote from a manifest it wrote
 itself (:class:`Manifest`): the relative path of every file and the sha256 of its content. A file
@@ -19,7 +20,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
+# the bounded, regular-file-only reads of user-given files (.reads), for the importers of this module
+from .reads import (  # noqa: F401
+    FileTooLarge,
+    MiB,
+    NotARegularFile,
+    kind_of,
+    read_limited,
+    read_text_limited,
+    regular_file,
+    show_size,
+)
+
 #: the manifest of what the project wrote in a folder (a run folder: its fits' outputs)
 MANIFEST_NAME = ".lit_treegrpo-written.json"
 #: the largest manifest read back (a few hundred bytes per file written)
@@ -28,10 +40,6 @@ MAX_MANIFEST_BYTES = 16 * MiB
 
 class NotWrittenHere(ValueError):
     """A removal or replacement the project may not make: the path, why, what to do (one line)."""
-
-
-class FileTooLarge(ValueError):
-    """A file over the size the project reads of its kind (one line naming it and the bound)."""
 
 
 def check_no_link(path: str | Path, root: str | Path) -> None:
@@ -157,38 +165,6 @@ def fresh_folder(parent: str | Path, name: str) -> Path:
             n += 1
             continue
         return folder
-
-
-def read_limited(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of the file ``path``; :class:`FileTooLarge` when it holds more than ``limit`` bytes (read only that
-    far), ``OSError`` as the system says."""
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise FileTooLarge(
-            f"{what}: {path} is larger than {show_size(limit)}, the most this project reads of such a file; "
-            "give a smaller file (split it, or check that it is the file you meant)"
-        )
-    return data
-
-
-def read_text_limited(path: str | Path, limit: int, what: str) -> str:
-    """:func:`read_limited` decoded as UTF-8; a file that is not is refused in one line."""
-    data = read_limited(path, limit, what)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{what}: {path} is not UTF-8 text ({err.reason} at byte {err.start}); re-save it as UTF-8"
-        ) from None
-
-
-def show_size(n: int) -> str:
-    """``4194304`` -> ``4 MiB``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} bytes"
 
 
 # ------------------------------------------------------------------------ what the project wrote

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,6 +12,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..common.reads import regular_file
 from .prompt_sets import PromptSet, load_prompts
 from .prompt_stream import PromptChunks, PromptStream, collate, eval_batches, prompt_permutation
 
@@ -40,6 +43,17 @@ def resolve_batch_size(batch_size: int | None, global_batch_size: int | None, wo
             "(--data.batch_size null keeps the global one)"
         )
     return per_rank
+
+
+def _load(source: str, option: str) -> PromptSet:
+    """:func:`load_prompts` of ``source``, once a FIFO, device or socket there is refused by its status, never opened
+    (:func:`~lit_treegrpo.common.reads.regular_file`): load_prompts tells a file by ``is_file``, and would call one a
+    missing prompt set. A folder, or nothing, is load_prompts' to name (a built-in set's name may be a folder here)."""
+    path = Path(source).expanduser()
+    if os.path.lexists(path) and not path.is_dir():
+        fix = "give a .txt, .jsonl or .csv file of prompts, or the name of a built-in prompt set"
+        regular_file(path, "a prompt file", fix, option=option)
+    return load_prompts(source, option=option)
 
 
 class PromptDataModule(LightningDataModule):
@@ -93,7 +107,7 @@ class PromptDataModule(LightningDataModule):
         self.seed = seed
         self.start_index = 0
         """Global index of the first training batch; set from a resumed step counter."""
-        self.all_set = load_prompts(prompts, option="--data.prompts")
+        self.all_set = _load(prompts, "--data.prompts")
         self.train_set, self.val_set = self._split()
         # before anything draws a batch (drawing 10^8 prompts alone takes hours); the world size,
         # and so how batch_size and global_batch_size relate, is only known in setup
@@ -102,7 +116,7 @@ class PromptDataModule(LightningDataModule):
     def _split(self) -> tuple[PromptSet, PromptSet]:
         prompts, metadata = self.all_set
         if self.val_source is not None:
-            val = load_prompts(self.val_source, option="--data.val_prompts")
+            val = _load(self.val_source, "--data.val_prompts")
             cap = len(val.prompts) if self.val_size is None else self.val_size
             val = PromptSet(val.prompts[:cap], val.metadata[:cap])
             overlap = set(prompts) & set(val.prompts)

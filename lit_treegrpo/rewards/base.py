@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from lit_treegrpo.common.errors import first_line
 from lit_treegrpo.common.hub import local_or_hub_id, require_hub, starts_like_path
+from lit_treegrpo.common.reads import regular_file
 from lit_treegrpo.common.values import Range
 from lit_treegrpo.core.advantages import combine_rewards
 from lit_treegrpo.core.choices import check_choice, choices
@@ -164,9 +165,11 @@ def load_or_explain(what: str, name_or_path: str | Path, load: Callable[[], T], 
 
 
 def resolve_file(spec: str | Path, what: str) -> Path:
-    """A local file, or ``owner/repo/filename`` fetched through the Hugging Face cache."""
+    """A local file, or ``owner/repo/filename`` fetched through the Hugging Face cache; a FIFO, device, socket or
+    folder at ``spec`` is refused by its status, never opened (:func:`~lit_treegrpo.common.reads.regular_file`)."""
     path = Path(spec)
-    if path.is_file():
+    fix = "pass a local file or 'owner/repo/filename' on the Hugging Face hub"
+    if regular_file(path, "a file", fix, option=f"cannot load {what}", error=RewardLoadError):
         return path
     parts = str(spec).split("/")
     if path.exists() or len(parts) < 3 or starts_like_path(spec):  # a hub file is org/name/file...

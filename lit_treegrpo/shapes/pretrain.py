@@ -25,7 +25,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..artifacts.run_folder import launch_rank
-from ..cli.user_errors import OneLineParser, check_yaml_file, check_yaml_values, config_files
+from ..cli.special_files import check_values
+from ..cli.user_errors import OneLineParser, check_yaml_file, config_files
 from ..core.rollout import rollout
 from ..core.seeding import generator
 from ..core.spec import TreeSpec
@@ -406,7 +407,7 @@ class PretrainCLI(LightningCLI):
             OneLineParser.config_sources = tuple((f, os.path.abspath(f)) for f in files)
             for path in files:
                 check_yaml_file(path)  # a YAML error names its file
-            check_yaml_values(argv)
+            check_values(argv, parser)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")  # every value, before the seed is set and anything is built
         check_options(self.config[subcommand] if subcommand else self.config, subcommand)

@@ -17,8 +17,9 @@
   refused, naming it (the model stays in the staging folder). An unfinished model left by a killed fit is never
   deleted: the next fit into the folder names it.
 
-May import what :mod:`.pretrain` does, and the command line's error rule and the run lock (its ``cli`` and
-``artifacts`` layers: the pre-training's command line is a top like the main one).
+May import what :mod:`.pretrain` does, and the command line's error rule, the run lock and the work estimate's
+bounds (its ``cli``, ``artifacts`` and ``training`` layers: the pre-training's command line is a top like the main
+one).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..common.env import env_flag
 from ..common.errors import explain_os_error
 from ..common.files import move_written, remove_empty_folder
 from ..common.values import Range, check_value
+from ..training.work import WorkLimit
 from . import world
 from .model import METADATA_FILE, save_components
 
@@ -102,6 +104,7 @@ def check_options(config: Any, subcommand: str | None) -> None:
     if not -(2**63) <= config.get("model.seed") <= 2**64 - 2:  # it seeds torch.manual_seed(seed) and (seed + 1)
         raise UserError(f"--model.seed must be in [-2**63, 2**64 - 2] (torch's seeds), got {config.get('model.seed')}")
     _check_sizes(config)
+    _check_work(config)
     for lightning in ("optimizer", "lr_scheduler"):
         if config.get(lightning) is not None:
             raise UserError(
@@ -123,6 +126,25 @@ def check_options(config: Any, subcommand: str | None) -> None:
     accumulate = trainer.pop("accumulate_grad_batches", 1)  # the main module's rule (refused there) is not this one's
     check_value(accumulate, Annotated[int, Range(1)], "--trainer.accumulate_grad_batches")
     check_trainer(trainer, subcommand)
+
+
+def _check_work(config: Any) -> None:
+    """The pre-training's evaluation and batches against the bounds of the main command line's work estimate
+    (:class:`~lit_treegrpo.training.work.WorkLimit`'s defaults), before anything is built: nothing the Shapes
+    model needs comes near them (96 samples x 10 steps; 128 images of 16 x 16 pixels)."""
+    limit = WorkLimit()
+    samples, steps = config.get("model.eval_samples"), config.get("model.eval_steps")
+    if samples * steps > limit.max_evaluations:
+        raise UserError(
+            f"--model.eval_samples {samples:,} x --model.eval_steps {steps:,}: each evaluation would cost "
+            f"{samples * steps:,} denoiser evaluations, more than {limit.max_evaluations:,}; lower either"
+        )
+    batch, side = config.get("data.batch_size"), config.get("data.image_size")
+    if batch * side * side > limit.max_sample_pixels:
+        raise UserError(
+            f"--data.batch_size {batch:,} x --data.image_size {side:,} squared: one batch would be "
+            f"{batch * side * side:,} pixels, more than {limit.max_sample_pixels:,}; lower either"
+        )
 
 
 def _check_sizes(config: Any) -> None:

@@ -37,6 +37,7 @@ from .memory_guard import MemoryCheck
 from .prompt_cache import PromptCache
 from .settings import UpdateSettings
 from .step_log import NO_UPDATE, PhaseTimer, Update
+from .work import StopCheck, StoppedUpdate, stoppable
 
 #: loss statistics that combine over micro-batches by their maximum (the others: by their mean)
 BY_MAX = frozenset({"ratio_dev_max"})
@@ -54,21 +55,6 @@ class Ranks(Protocol):
     def any(self, decision: bool) -> bool: ...
 
     def max(self, values: list[int]) -> list[int]: ...
-
-
-class OneProcess:
-    """The reductions of a single process: the values themselves."""
-
-    world_size = 1
-
-    def sum(self, values: list[int | bool]) -> list[int]:
-        return [int(v) for v in values]
-
-    def any(self, decision: bool) -> bool:
-        return decision
-
-    def max(self, values: list[int]) -> list[int]:
-        return list(values)
 
 
 class Optimization(Protocol):
@@ -137,6 +123,7 @@ class TreeGRPO:
         self.advantages, self.loss, self.update_settings = advantage, loss, update
         self.faults, self.memory, self.rollout_limits, self.seed = faults, memory, rollout, seed
         self.prompt_cache = prompt_cache
+        self.stop_requested: StopCheck | None = None  # the module sets it; None: nothing stops a phase early
         self._warned_nothing_kept = False
 
     # ------------------------------------------------------------------------ the tree
@@ -180,7 +167,7 @@ class TreeGRPO:
         if before_rollout is not None:
             before_rollout(spec, cond, noise)
         tree = rollout(
-            self.adapter.predict,
+            stoppable(self.adapter.predict, self.stop_requested),
             self.adapter.step,
             spec,
             cond,
@@ -212,7 +199,12 @@ class TreeGRPO:
         noise = torch.cat([self.adapter.initial_noise(1, g) for g in gens])  # [P, *S]
         spec = TreeSpec(self.adapter.num_steps)
         tree = rollout(
-            self.adapter.predict, self.adapter.step, spec, cond, noise, max_batch=self.rollout_limits.max_batch
+            stoppable(self.adapter.predict, self.stop_requested),
+            self.adapter.step,
+            spec,
+            cond,
+            noise,
+            max_batch=self.rollout_limits.max_batch,
         )
         return self.adapter.decode(tree.leaf_latents)
 
@@ -280,7 +272,10 @@ class TreeGRPO:
         num_updates = self._updates_per_epoch(keep, ranks)
         at_start: Tensor | None = None  # the on-policy check: the first micro-batch, before any update
         norms: list[Tensor] = []  # the gradient norm before clipping, per optimizer step
+        stop, stopped = self.stop_requested, False
         for _ in range(settings.inner_epochs):
+            if stopped:
+                break
             batches = source_minibatches(tree, keep, num_batches=num_updates * settings.accumulate, generator=shuffle)
             parents = distinct_sources(tree, batches)  # sized on the host once, not per forward
             chunks = self._forwards_per_micro_batch(parents, ranks)
@@ -308,11 +303,17 @@ class TreeGRPO:
                     fault = refused
                 else:
                     steps += 1
+                # between optimizer steps the weights are whole: a stop keeps the steps taken, skips the rest
+                stopped = stop is not None and stop()
+                if stopped:
+                    break
+        planned = num_updates * settings.inner_epochs
+        early = StoppedUpdate(iteration, len(norms), planned) if stopped and len(norms) < planned else None
         if steps:
             optimization.scheduler_step()
         means = (total if name in BY_MAX else total / max(micro, 1) for name, total in zip(LossOutput._fields, totals))
         mean_norm = torch.stack(norms).mean() if norms else None
-        return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm)
+        return Update(LossOutput(*means), forwards, steps, fault, at_start, mean_norm, early)
 
     def _optimizer_step(
         self, optimization: Optimization, ranks: Ranks, losses: list[Tensor], first_micro_batch: int, iteration: int

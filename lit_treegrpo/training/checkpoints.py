@@ -130,6 +130,7 @@ def settings(module: Any) -> dict[str, Any]:
         "rollout": asdict(module.algorithm.rollout_limits),
         "faults": asdict(module.faults),
         "memory_guard": asdict(module.memory_guard),
+        "work_limit": asdict(module.work_limit),
         "compute_cost": asdict(module.compute_cost),
         "lr_scheduler": module._configured.scheduler if module._configured is not None else None,
     }

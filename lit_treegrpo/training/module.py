@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from ..common.files import fresh_folder
@@ -37,6 +38,7 @@ from .resume import ConfiguredOptimizer, reward_record
 from .settings import AdvantageSettings, UpdateSettings, check_unused_parameters, check_val_samples
 from .sharding import data_parallel_mesh, fsdp_gradient_sync
 from .step_log import HEADLINE_HELD_OUT, X_AXIS, PhaseTimer, Update, step_metrics, step_outputs
+from .work import StopRequested, WorkLimit, check_module_work
 
 #: the seed of validation / test / predict samples (seeds VAL_SEED, VAL_SEED + 1, ... per prompt)
 VAL_SEED = 1234
@@ -69,6 +71,7 @@ class TreeGRPOModule(LightningModule):
         memory_guard: before the first rollout, refuse a tree that cannot fit and size the training forwards.
         compute_cost: the weights of counted work in compute units (``compute/*``).
         prompt_cache: each distinct prompt encoded once (a GPU's memory: docs/configs.md).
+        work_limit: the most denoiser evaluations an iteration or a validation pass may cost, and the largest sample.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class TreeGRPOModule(LightningModule):
         memory_guard: MemoryGuard = MemoryGuard(),
         compute_cost: ComputeCost = ComputeCost(),
         prompt_cache: PromptCacheSettings = PromptCacheSettings(),
+        work_limit: WorkLimit = WorkLimit(),
     ) -> None:
         super().__init__()
         check_val_samples(val_samples)
@@ -116,6 +120,7 @@ class TreeGRPOModule(LightningModule):
         )
         self._reward_record = (reward_record(reward), dict(reward_kwargs or {}))  # as configured, for checkpoints
         self.advantage, self.faults, self.memory_guard = advantage, faults, memory_guard
+        self.work_limit = work_limit
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.val_samples = val_samples
@@ -164,7 +169,10 @@ class TreeGRPOModule(LightningModule):
         return self.algorithm.grow(prompts, generators, iteration=self.iteration, pruning=self.pruning)
 
     def sample(self, prompts: list[str], seed: int) -> Tensor:
-        return self.algorithm.sample(prompts, seed)
+        try:
+            return self.algorithm.sample(prompts, seed)
+        except StopRequested:
+            raise SIGTERMException from None  # Lightning's own stop: CheckpointOnInterrupt takes it from here
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         return self.algorithm.score(images, prompts, check=False)[0]
@@ -213,16 +221,23 @@ class TreeGRPOModule(LightningModule):
         timer, prompts = PhaseTimer(self.adapter.device), batch.prompts
         per_rank = len(prompts)  # the global stream position of this rank's first prompt
         first = batch.index * per_rank * self.trainer.world_size + self.trainer.global_rank * per_rank
-        grown, plan, update = self.algorithm.step(
-            prompts,
-            iteration=self.iteration,
-            first_position=first,
-            pruning=self.pruning,
-            optimization=lambda: _ManualOptimization(self),
-            ranks=_TrainerRanks(self.trainer, self.device),
-            timer=timer,
-            before_rollout=lambda spec, cond, noise: self._check_memory(spec, cond, noise, len(prompts)),
-        )
+        try:
+            grown, plan, update = self.algorithm.step(
+                prompts,
+                iteration=self.iteration,
+                first_position=first,
+                pruning=self.pruning,
+                optimization=lambda: _ManualOptimization(self),
+                ranks=_TrainerRanks(self.trainer, self.device),
+                timer=timer,
+                before_rollout=lambda spec, cond, noise: self._check_memory(spec, cond, noise, len(prompts)),
+            )
+        except StopRequested:
+            # stopped mid-rollout: nothing of this iteration ran, so the checkpoint is the one before it, and a
+            # resumed run draws this iteration again exactly
+            raise SIGTERMException from None
+        if update.stopped is not None:
+            rank_zero_info(str(update.stopped))
         self._check_on_policy(update)
         timer.lap("train")
         self.algorithm.faults.end_step(plan, update.steps, update.fault, self.iteration)
@@ -345,6 +360,18 @@ class TreeGRPOModule(LightningModule):
     # ------------------------------------------------------------------------ checkpoints
     def setup(self, stage: str) -> None:
         self._resumed = None  # set again by on_load_checkpoint when this fit resumes
+        datamodule = self._datamodule()  # the CLI checked the same before the model loaded; this is for Python
+        if datamodule is not None:
+            check_module_work(stage, self.tree_at(self.iteration), datamodule, self.val_samples, self.work_limit,
+                              inner_epochs=self.update_settings.inner_epochs)  # fmt: skip
+        self.algorithm.stop_requested = self._stop_requested
+
+    def _stop_requested(self) -> bool:
+        """A SIGTERM (or a Ctrl-C, which :class:`~lit_treegrpo.callbacks.CheckpointOnInterrupt` turns into one) on a
+        single process. With several, the ranks stop together between iterations, where Lightning's loops agree: a
+        rank that left a phase alone would leave the others waiting in a collective."""
+        trainer = self._trainer
+        return trainer is not None and trainer.world_size == 1 and trainer.received_sigterm
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoints.save_state(self, checkpoint)

@@ -266,6 +266,7 @@ SETTINGS_OPTIONS = {
     "rollout": "--model.rollout",
     "faults": "--model.faults",
     "memory_guard": "--model.memory_guard",
+    "work_limit": "--model.work_limit",
     "compute_cost": "--model.compute_cost",
     "global_batch_size": "prompts per training step (--data.batch_size x processes)",
 }

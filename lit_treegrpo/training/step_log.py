@@ -48,6 +48,7 @@ class Update(NamedTuple):
     fault: str | None  # why the last refused optimizer step was refused (skip policy), else None
     ratio_dev_at_start: Tensor | None = None  # [] max |ratio - 1| of the first micro-batch, before any update
     grad_norm: Tensor | None = None  # [] mean over the optimizer steps of the gradient norm before clipping
+    stopped: Any = None  # a StoppedUpdate when a stop request ended it early (said by the module)
 
 
 NO_UPDATE = Update(None, Compute(), 0, None)  # a step that trained nothing

@@ -141,7 +141,9 @@ def test_overwrite_puts_the_old_run_back_when_the_new_fit_fails_before_its_first
     (tmp_path / "samples" / "holiday.png").write_bytes(b"the user's")
     before = snapshot(tmp_path)
     caplog.set_level("INFO")
-    line = _failing_fit(tmp_path, monkeypatch, capsys, "--model.tree.branching", "1000000", code=2)
+    # past the work bound raised knowingly, so that the model loads and the memory guard refuses it
+    big = ("--model.tree.branching", "1000000", "--model.work_limit.max_evaluations", str(10**13))
+    line = _failing_fit(tmp_path, monkeypatch, capsys, *big, code=2)
     assert line.startswith("error: memory guard: one rollout needs about"), line
     assert snapshot(tmp_path) == before
     assert (

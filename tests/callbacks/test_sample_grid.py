@@ -101,3 +101,31 @@ def test_a_video_grid_is_one_grid_per_frame_and_a_gif_round_trips() -> None:
     assert gif.n_frames == 4 and gif.size == (15, 11) and gif.info["duration"] == 100
     with pytest.raises(ValueError, match="fps and strip_frames"):
         SampleGridLogger(fps=0)
+
+
+@pytest.mark.parametrize("scale", [0, 65, 100_000])
+def test_a_scale_past_the_bound_is_refused_before_anything_is_enlarged(scale: int) -> None:
+    from lit_treegrpo.callbacks import TreeView
+
+    with pytest.raises(ValueError, match=rf"^SampleGridLogger.scale must be an integer in 1 \.\. 64 .*got {scale}$"):
+        SampleGridLogger(scale=scale)
+    with pytest.raises(ValueError, match=rf"^TreeView.scale must be an integer in 1 \.\. 64 .*got {scale}$"):
+        TreeView(scale=scale)
+
+
+def test_a_grid_whose_enlarged_images_pass_the_pixel_bound_is_refused_before_they_are_made(monkeypatch) -> None:
+    from lit_treegrpo.callbacks import _media
+
+    class Sampler:  # what the grid calls: one [P, 3, H, W] batch per seed
+        def sample(self, prompts, seed):
+            return torch.zeros(len(prompts), 3, 16, 16)
+
+    grid = SampleGridLogger(prompts=["a", "b"], seeds=[0, 1, 2], scale=4)
+    assert grid.cells(Sampler()).shape == (2, 3, 3, 64, 64)
+    # 2 prompts x 3 seeds x (16 x 4)^2 = 24,576 pixels, one more than this bound
+    monkeypatch.setattr(_media, "MAX_GRID_PIXELS", 24_575)
+    enlarged = []
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: enlarged.append(a))
+    with pytest.raises(ValueError, match=r"^SampleGridLogger: 6 image\(s\) of 16 x 16 enlarged 4 times are 24,576"):
+        grid.cells(Sampler())
+    assert enlarged == []

@@ -120,3 +120,71 @@ def test_wide_scores_that_float32_cannot_tell_apart_are_named() -> None:
     from lit_treegrpo.rewards.scores import check_scores
 
     assert torch.equal(check_scores(constant, 4, "constant"), constant.float())
+
+
+WORK = {
+    # each ran for minutes to hours ignoring SIGTERM and SIGINT, or allocated tens of GB, on main before the bound
+    ("--model.inner_epochs", "1000000000"): "one training iteration (",
+    ("--model.val_samples", "1000000"): "one validation pass (",
+    ("--model.adapter.init_args.num_steps", "1000000000000000000"): "--model.adapter.init_args.num_steps 1,000,",
+    ("--model.tree.num_steps", "1000000000000000000"): "--model.tree.num_steps 1,000,000,000,000,000,000: one",
+    ("--model.adapter.init_args.resolution", "100000"): "--model.adapter.init_args.resolution 100,000: one sample",
+}
+
+
+@pytest.mark.parametrize(("option", "value"), list(WORK))
+def test_work_past_the_bound_is_refused_before_any_model_loads(parser, tmp_path: Path, option, value) -> None:
+    message = _refused(parser, tmp_path, option, value)
+    assert message.startswith(WORK[option, value]), message
+    assert "--model.work_limit.max_" in message and "knowingly" in message
+
+
+def test_a_bound_raised_knowingly_lets_the_run_start(parser, tmp_path: Path) -> None:
+    _check(parser, tmp_path, "--model.val_samples", "1000000", "--model.work_limit.max_evaluations", "10000000000")
+    message = _refused(parser, tmp_path, "--model.work_limit.max_evaluations", "0")
+    assert message.startswith("--model.work_limit: work_limit.max_evaluations must be a whole number >= 1, got 0")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        # found by the fuzzer: the settings' own message named lora.alpha, not the option
+        ("--model.adapter.init_args.lora.alpha", "0", "--model.adapter.init_args.lora.alpha must be > 0, got 0.0"),
+        ("--model.adapter.init_args.lora.dropout", "1e30", "--model.adapter.init_args.lora.dropout must be in [0, 1)"),
+        # argparse took -inf and -4e16 for options and blamed the option before them; now they are values
+        (
+            "--model.optimizer.init_args.weight_decay",
+            "-inf",
+            "--model.optimizer.init_args.weight_decay: expected float",
+        ),
+        ("--model.loss.init_args.kl_beta", "-4.05e+16", "--model.loss: loss.kl_beta must be >= 0, got -4.05e+16"),
+        # a guidance weight whose images overflow: the run blamed the reward for their NaN
+        ("--model.adapter.init_args.guidance_scale", "1e226", "--model.adapter.init_args.guidance_scale must be in [0"),
+        # Lightning trains to min_steps whatever max_steps or max_time say (1e18 ran until killed)
+        ("--trainer.min_steps", "1000000000000000000", "--trainer.min_steps 1000000000000000000 is past --trainer.max"),
+        # a name past NAME_MAX: an OSError traceback from the first Path.exists
+        ("--model.adapter.init_args.pretrained", "n" * 300, "--model.adapter.init_args.pretrained: the path is longer"),
+        ("--data.prompts", "/tmp/" + "n" * 300 + "/p.txt", "--data.prompts: the path is longer than this system"),
+    ],
+)
+def test_a_value_refused_while_parsing_names_its_option_and_the_fix(
+    monkeypatch, capsys, tmp_path: Path, option: str, value: str, says: str
+) -> None:
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), *QUIET, option, value,
+                       "--trainer.default_root_dir", str(tmp_path))  # fmt: skip
+    assert line.startswith(f"error: {says}"), line
+
+
+def test_an_empty_config_file_is_named_with_what_it_should_hold(monkeypatch, capsys, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")  # jsonargparse said "Unexpected config:"
+    line = _main_error(monkeypatch, capsys, "fit", "--config", str(TINY), "--config", str(empty), *QUIET,
+                       "--trainer.default_root_dir", str(tmp_path / "run"))  # fmt: skip
+    assert line.startswith(f"error: --config {empty}: the file is empty; give a mapping such as"), line
+
+
+def test_a_picture_callbacks_padding_past_the_bound_is_refused() -> None:
+    from lit_treegrpo.callbacks import SampleGridLogger
+
+    with pytest.raises(ValueError, match=r"^SampleGridLogger.padding must be an integer in 0 \.\. 64 .*got 3455$"):
+        SampleGridLogger(padding=3455)  # asked for 5.6 GiB at the first grid

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import ast
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from lit_treegrpo.common.files import (
     FileTooLarge,
+    NotARegularFile,
     NotWrittenHere,
     clear_written,
     fresh_folder,
     move_written,
     read_limited,
+    read_text_limited,
+    regular_file,
     remove_empty_folder,
     remove_written,
     remove_written_tree,
@@ -183,3 +187,43 @@ def test_a_file_is_read_only_up_to_its_bound(tmp_path: Path) -> None:
     assert read_limited(path, 101, "--data.prompts") == b"x" * 101
     with pytest.raises(FileTooLarge, match=rf"^--data.prompts: {path} is larger than 100 bytes, the most"):
         read_limited(path, 100, "--data.prompts")
+
+
+def _special(kind: str, tmp_path: Path) -> Path:
+    """A path in ``tmp_path`` with a ``kind`` of thing there that is no regular file."""
+    path = tmp_path / f"prompts-{kind.replace(' ', '_')}.txt"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "device":
+        os.symlink("/dev/zero", path)  # a link to one: the status of what it points to decides
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()  # the socket file stays
+    else:
+        assert kind == "link to nothing"
+        os.symlink(tmp_path / "gone", path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "device", "folder", "socket", "link to nothing"])
+def test_what_is_no_regular_file_is_told_by_its_status_and_never_opened(tmp_path: Path, monkeypatch, kind: str) -> None:
+    path = _special(kind, tmp_path)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    there = "a symbolic link to nothing" if kind == "link to nothing" else f"a {kind}"
+    wanted = "not a prompt file" if kind == "link to nothing" else "not a prompt file (a regular file)"
+    with pytest.raises(NotARegularFile) as refused:
+        regular_file(path, "a prompt file", "give a .txt file", option="--data.prompts")
+    assert str(refused.value) == f"--data.prompts: {path} is {there}, {wanted}; give a .txt file"
+    # every bounded read goes through it: one line naming the option, the path and what is there, no open
+    for read in (read_limited, read_text_limited):
+        with pytest.raises(NotARegularFile, match=rf"^--data.prompts: {path} is {there}, not a regular file; give"):
+            read(path, 100, "--data.prompts")
+    assert not opened
+    assert regular_file(tmp_path / "missing.txt", "a prompt file", "") is False  # nothing there: the caller says so
+    (tmp_path / "ok.txt").write_text("a cat\n")
+    assert regular_file(tmp_path / "ok.txt") and read_limited(tmp_path / "ok.txt", 100, "--data.prompts") == b"a cat\n"

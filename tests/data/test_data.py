@@ -619,3 +619,18 @@ def test_trainer_fit_resume_and_fingerprint_check(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=r"--data\.prompts: the checkpoint was trained on 10 prompts"):
             dm = PromptDataModule(other, batch_size=2, val_fraction=0.2, seed=5)
             make_trainer(tmp_path, max_steps=5).fit(Recorder(), dm, ckpt_path=ckpt)
+
+
+def test_a_prompt_file_of_more_lines_than_the_bound_is_refused_before_parsing(tmp_path: Path, monkeypatch) -> None:
+    from lit_treegrpo.data import prompt_sets
+
+    monkeypatch.setattr(prompt_sets, "MAX_PROMPT_LINES", 3)  # the bound's logic, on a file of a few bytes
+    parsed = []
+    monkeypatch.setattr(prompt_sets, "_parse_txt", lambda *a: parsed.append(a))
+    path = write(tmp_path / "many.txt", "a\nb\nc\nd")  # 4 lines, the last without its newline
+    with pytest.raises(ValueError, match=r"^--data\.prompts: .*many\.txt has 4 lines, more than the 3 this project"):
+        load_prompts(path)
+    assert parsed == []  # counted on the bytes, before anything was decoded or parsed
+    monkeypatch.undo()
+    assert prompt_sets.MAX_PROMPT_LINES == 2_000_000
+    assert load_prompts(write(tmp_path / "three.txt", "a\nb\nc\n")).prompts == ["a", "b", "c"]

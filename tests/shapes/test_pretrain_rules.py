@@ -94,6 +94,15 @@ BAD_VALUES = [
     (["--model.model.max_tokens", "1"], "--model.model.max_tokens must be >= 9 (the grammar's longest prompt"),
     (["--model.model.shift", "0"], "--model.model.shift must be > 0, got 0.0"),
     (["--data.image_size", "8"], "--data.image_size=8 but --model.model.image_size=16; set both to the same value"),
+    # work past the main command line's bounds (an evaluation of 10^12 model calls ran for hours before)
+    (
+        ["--model.eval_samples", "1000000", "--model.eval_steps", "1000000"],
+        "--model.eval_samples 1,000,000 x --model.eval_steps 1,000,000: each evaluation would cost",
+    ),
+    (
+        ["--data.batch_size", "10000000"],
+        "--data.batch_size 10,000,000 x --data.image_size 16 squared: one batch would be",
+    ),
     # seeds, and options that would be accepted and then ignored
     (["--model.seed", str(2**70)], "--model.seed must be in [-2**63, 2**64 - 2] (torch's seeds)"),
     (["--seed_everything", str(2**40)], "--seed_everything must be true, false or a whole number in [0, 4294967295]"),
